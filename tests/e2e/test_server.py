@@ -1,0 +1,199 @@
+"""`vllm-x86 serve` for real: a server process on a free loopback port, driven over HTTP.
+
+One server (eager mode, 512-token context) serves every test in this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import PYTHON, clean_env
+
+pytestmark = pytest.mark.slow
+
+MAX_LEN = 512
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local addresses with a TCP socket in LISTEN state on `port` (from /proc)."""
+    out = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(path).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state = fields[1], fields[3]
+            addr, p = local.split(":")
+            if int(p, 16) == port and state == "0A":
+                out.add(addr)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(default_model, tmp_path_factory):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "vllm_x86.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--enforce-eager",
+            "--max-model-len",
+            str(MAX_LEN),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=clean_env(),
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited ({proc.returncode}):\n{log_path.read_text()[-4000:]}")
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"server not ready in 600 s:\n{log_path.read_text()[-4000:]}")
+            time.sleep(0.5)
+        yield {"base": base, "port": port, "log": log_path, "proc": proc}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+
+
+def test_listens_on_loopback_only_and_says_so(server):
+    addrs = _listening_addresses(server["port"])
+    assert addrs == {"0100007F"}, f"listening on {addrs}, expected 127.0.0.1 only"
+    assert f"http://127.0.0.1:{server['port']}/v1" in server["log"].read_text()
+
+
+def test_plugin_is_the_platform(server):
+    log = server["log"].read_text()
+    assert "Platform plugin x86 is activated" in log
+    assert "vllm-x86: compute threads on CPUs" in log
+
+
+def test_models(server):
+    r = httpx.get(f"{server['base']}/v1/models", timeout=10)
+    assert r.status_code == 200
+    ids = [m["id"] for m in r.json()["data"]]
+    assert ids == ["smollm2-135m-instruct"]
+
+
+def test_chat_completion(server):
+    r = httpx.post(
+        f"{server['base']}/v1/chat/completions",
+        timeout=120,
+        json={
+            "model": "smollm2-135m-instruct",
+            "messages": QUESTION,
+            "temperature": 0,
+            "max_tokens": 16,
+        },
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["message"]["content"].startswith("The capital of France is Paris.")
+    assert body["usage"]["completion_tokens"] > 0
+
+
+def test_chat_completion_streaming(server):
+    chunks, done = [], False
+    with httpx.stream(
+        "POST",
+        f"{server['base']}/v1/chat/completions",
+        timeout=120,
+        json={
+            "model": "smollm2-135m-instruct",
+            "messages": QUESTION,
+            "temperature": 0,
+            "max_tokens": 16,
+            "stream": True,
+        },
+    ) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if not line:
+                continue
+            assert line.startswith("data: "), line
+            payload = line[len("data: ") :]
+            if payload == "[DONE]":
+                done = True
+                continue
+            for choice in json.loads(payload)["choices"]:
+                chunks.append(choice["delta"].get("content") or "")
+    assert done
+    assert len([c for c in chunks if c]) > 3  # it really streamed, token by token
+    assert "".join(chunks).startswith("The capital of France is Paris.")
+
+
+def test_completion(server):
+    r = httpx.post(
+        f"{server['base']}/v1/completions",
+        timeout=120,
+        json={
+            "model": "smollm2-135m-instruct",
+            "prompt": "The capital of France is",
+            "temperature": 0,
+            "max_tokens": 8,
+        },
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion"
+    assert "Paris" in body["choices"][0]["text"]
+
+
+def test_overlong_prompt_is_400_and_server_keeps_serving(server):
+    prompt = "Paris is the capital of France. " * 200  # far over 512 tokens
+    r = httpx.post(
+        f"{server['base']}/v1/completions",
+        timeout=120,
+        json={"model": "smollm2-135m-instruct", "prompt": prompt, "max_tokens": 8},
+    )
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert "512" in message and "token" in message.lower(), message
+    test_chat_completion(server)
+
+
+def test_malformed_json_is_400_and_server_keeps_serving(server):
+    r = httpx.post(
+        f"{server['base']}/v1/chat/completions",
+        timeout=30,
+        content=b'{"model": "smollm2-135m-instruct", "messages": [',
+        headers={"content-type": "application/json"},
+    )
+    assert 400 <= r.status_code < 500
+    test_completion(server)

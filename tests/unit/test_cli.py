@@ -1,0 +1,83 @@
+"""The CLI's fast paths, run as a user would run them (a real process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.conftest import PYTHON, clean_env
+
+
+def cli(*args: str, timeout: float = 120, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-m", "vllm_x86.cli", *args],
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_doctor_prints_isa_flags_and_choices():
+    p = cli("doctor")
+    assert p.returncode == 0, p.stderr
+    for label in ("AVX2", "AVX-512F", "AVX512-BF16", "AVX512-VNNI", "AMX-BF16", "AMX-INT8"):
+        assert label in p.stdout
+    flags = open("/proc/cpuinfo").read()
+    assert ("AVX2 yes" in p.stdout) == (" avx2" in flags)
+    assert ("AMX-BF16 yes" in p.stdout) == (" amx_bf16" in flags)
+    for section in ("compute threads", "KV cache", "selected by vLLM : yes", "vllm ", "torch "):
+        assert section in p.stdout
+
+
+def test_doctor_json_and_disable():
+    p = cli("doctor", "--json", VLLM_X86_DISABLE="1")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["plugin"]["selected"] is False
+    assert "VLLM_X86_DISABLE" in r["plugin"]["reason"]
+    assert r["versions"]["vllm"] == "0.32.0"
+    assert r["cpu"]["flags"]["AVX2"] is True
+    assert r["memory"]["total_gib"] > 0
+
+
+@pytest.mark.parametrize("cmd", ["serve", "chat", "pull", "doctor", "demo"])
+def test_every_command_has_help(cmd):
+    p = cli(cmd, "--help")
+    assert p.returncode == 0
+    assert f"vllm-x86 {cmd}" in p.stdout
+
+
+def test_serve_missing_model_path_fails_clearly(tmp_path):
+    missing = tmp_path / "no-such-model"
+    p = cli("serve", str(missing), "--port", "1")
+    assert p.returncode != 0
+    assert f"model path '{missing}' does not exist" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_serve_directory_without_config_fails_clearly(tmp_path):
+    p = cli("serve", str(tmp_path))
+    assert p.returncode != 0
+    assert "has no config.json" in p.stderr
+
+
+def test_pull_unknown_model_fails_clearly():
+    p = cli("pull", "no-such-model")
+    assert p.returncode != 0
+    assert "unknown model 'no-such-model'" in p.stderr
+    assert "smollm2-135m-instruct" in p.stderr
+
+
+def test_pull_list_names_the_default():
+    p = cli("pull", "--list")
+    assert p.returncode == 0
+    assert "smollm2-135m-instruct (default)" in p.stdout
+
+
+def test_chat_without_server_fails_clearly(free_port):
+    p = cli("chat", "-q", "hi", "--url", f"http://127.0.0.1:{free_port}/v1")
+    assert p.returncode != 0
+    assert "no server answers" in p.stderr

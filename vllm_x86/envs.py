@@ -1,0 +1,67 @@
+"""Every VLLM_X86_* setting in one table: name, default, meaning.
+
+Settings are read when asked for (never cached at import), so tests and the CLI can
+change them. CLI flags take precedence over these; vLLM's own settings (VLLM_CPU_*,
+--gpu-memory-utilization, ...) given explicitly by the user always win over the
+plugin's defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str
+    meaning: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "VLLM_X86_DISABLE",
+        "0",
+        "1: the platform plugin declines to load (register() returns None) and vLLM "
+        "falls back to stock vLLM CPU. For side-by-side comparisons.",
+    ),
+    Setting(
+        "VLLM_X86_CACHE_DIR",
+        "~/.cache/vllm-x86",
+        "Where pulled models (models/<name>) and other plugin caches live.",
+    ),
+    Setting(
+        "VLLM_X86_THREADS",
+        "auto",
+        "Compute threads: 'auto' (the plugin's choice for this machine, see doctor) "
+        "or a number. Ignored when VLLM_CPU_OMP_THREADS_BIND is set.",
+    ),
+    Setting(
+        "VLLM_X86_KV_CACHE_GIB",
+        "auto",
+        "KV-cache size in GiB: 'auto' (the plugin's choice) or a number. Ignored when "
+        "VLLM_CPU_KVCACHE_SPACE, --kv-cache-memory-bytes or "
+        "--gpu-memory-utilization is given.",
+    ),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def get(name: str) -> str:
+    s = _BY_NAME[name]
+    value = os.environ.get(name, "")
+    return value if value != "" else s.default
+
+
+def get_bool(name: str) -> bool:
+    return get(name).strip().lower() in ("1", "true", "yes", "on")
+
+
+def disabled() -> bool:
+    return get_bool("VLLM_X86_DISABLE")
+
+
+def cache_dir() -> str:
+    return os.path.expanduser(get("VLLM_X86_CACHE_DIR"))

@@ -1,0 +1,1 @@
+"""Models the plugin can fetch and prepare on its own (see ``catalog.py``)."""

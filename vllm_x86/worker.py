@@ -1,0 +1,111 @@
+"""X86Worker: vLLM's CPU worker, planning memory with what the machine really has.
+
+vLLM's ``CPUWorker`` budgets memory from the NUMA node's meminfo. On VMs whose single
+node reports a fraction of the machine's memory (and a number that moves as memory
+is hot-plugged), that budget is wrong: stock vLLM refuses to start
+("Available memory on node 0 (7.54/8.96 GiB) ... is less than desired CPU memory
+utilization") or sizes the KV cache from the wrong total. This worker is the same
+worker with ``hardware.memory_info()`` as the memory source; see that function for
+when node numbers are trusted. Everything else is inherited.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import psutil
+import torch
+from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_visible_memory_node
+from vllm.utils.mem_utils import format_gib
+from vllm.v1.worker.cpu_worker import CPUWorker
+from vllm.v1.worker.gpu_worker import Worker
+
+from vllm_x86 import hardware
+from vllm_x86.log import get_logger
+
+logger = get_logger("worker")
+
+
+class X86Worker(CPUWorker):
+    def __init__(
+        self,
+        vllm_config,
+        local_rank: int,
+        rank: int,
+        distributed_init_method: str,
+        is_driver_worker: bool = False,
+    ):
+        # Same steps as CPUWorker.__init__ (vLLM 0.32.0), with the plugin's memory source.
+        allowed_memory_nodes = get_visible_memory_node()
+        cpu_core = get_allowed_cpu_list()[0]
+        if cpu_core.numa_node in allowed_memory_nodes:
+            memory_node = cpu_core.numa_node
+        else:
+            memory_node = allowed_memory_nodes[0] if allowed_memory_nodes else 0
+        torch.ops._C.init_cpu_memory_env([memory_node])
+        self._memory_node = memory_node
+
+        mem = hardware.memory_info(memory_node)
+        fraction = vllm_config.cache_config.gpu_memory_utilization
+        self.requested_cpu_memory = math.ceil(mem.total * fraction)
+        if (
+            vllm_config.cache_config.kv_cache_memory_bytes is None
+            and self.requested_cpu_memory > mem.available
+        ):
+            raise ValueError(
+                f"--gpu-memory-utilization={fraction} asks for "
+                f"{format_gib(self.requested_cpu_memory)} GiB of this machine's "
+                f"{format_gib(mem.total)} GiB, but only {format_gib(mem.available)} GiB "
+                f"are available ({mem.source}). On CPU this flag is the fraction of "
+                "memory for the whole worker; lower it, or set the KV cache size "
+                "directly with VLLM_CPU_KVCACHE_SPACE (GiB)."
+            )
+        Worker.__init__(
+            self,
+            vllm_config,
+            local_rank,
+            rank,
+            distributed_init_method,
+            is_driver_worker=is_driver_worker,
+        )
+        self.parallel_config.disable_custom_all_reduce = True
+
+    def determine_available_memory(self) -> int:
+        if self._should_warm_up_model():
+            self.model_runner.warming_up_model()
+        mem = hardware.memory_info(self._memory_node)
+        explicit = self.cache_config.kv_cache_memory_bytes
+        if explicit is not None:
+            if explicit > mem.available:
+                raise ValueError(
+                    f"The KV cache needs {format_gib(explicit)} GiB but only "
+                    f"{format_gib(mem.available)} GiB of memory are available "
+                    f"({mem.source}). Lower VLLM_CPU_KVCACHE_SPACE, "
+                    "--kv-cache-memory-bytes or VLLM_X86_KV_CACHE_GIB, or free memory."
+                )
+            logger.info(
+                "KV cache: %s GiB (%s GiB available, %s).",
+                format_gib(explicit),
+                format_gib(mem.available),
+                mem.source,
+            )
+            return explicit
+        consumed = psutil.Process(os.getpid()).memory_info().rss
+        kv = int(self.requested_cpu_memory - consumed)
+        if kv <= 0 or kv > mem.available:
+            raise ValueError(
+                f"--gpu-memory-utilization leaves {format_gib(max(kv, 0))} GiB for the "
+                f"KV cache after the model's {format_gib(consumed)} GiB "
+                f"({format_gib(mem.available)} GiB available, {mem.source}). Raise "
+                "--gpu-memory-utilization or set VLLM_CPU_KVCACHE_SPACE (GiB)."
+            )
+        logger.info(
+            "KV cache: %s GiB (%s GiB requested for the worker, %s GiB used by the "
+            "model and runtime; %s).",
+            format_gib(kv),
+            format_gib(self.requested_cpu_memory),
+            format_gib(consumed),
+            mem.source,
+        )
+        return kv
