@@ -113,6 +113,17 @@ class X86Platform(CpuPlatform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
+        if "active" not in os.environ.get(CHOSEN_ENV, "").split(","):
+            from vllm_x86 import __version__
+
+            _mark_chosen("active")
+            _info_once(
+                "active",
+                "vllm-x86 %s: platform plugin active on %s (set VLLM_X86_DISABLE=1 for "
+                "stock vLLM CPU)",
+                __version__,
+                hardware.plugin_supported()[1],
+            )
         cls._apply_thread_layout()
         cls._apply_kv_cache_size(vllm_config)
         super().check_and_update_config(vllm_config)

@@ -99,7 +99,7 @@ def test_listens_on_loopback_only_and_says_so(server):
 
 def test_plugin_is_the_platform(server):
     log = server["log"].read_text()
-    assert "Platform plugin x86 is activated" in log
+    assert "vllm-x86 0.1.0: platform plugin active" in log
     assert "vllm-x86: compute threads on CPUs" in log
 
 

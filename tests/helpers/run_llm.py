@@ -23,8 +23,12 @@ def main() -> None:
 
     llm = LLM(a.model, dtype=a.dtype, enforce_eager=a.eager, max_model_len=1024, seed=0)
     sp = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
-    prompts = [{"prompt_token_ids": ids} for ids in json.loads(a.prompt_ids)]
-    outs = llm.generate(prompts, sp, use_tqdm=False)
+    # One request at a time, as the transformers reference runs them: batching changes
+    # the shapes the GEMM kernels see, and with them the order of bf16 accumulation.
+    outs = [
+        llm.generate([{"prompt_token_ids": ids}], sp, use_tqdm=False)[0]
+        for ids in json.loads(a.prompt_ids)
+    ]
     print(
         "RESULT "
         + json.dumps(

@@ -1,14 +1,22 @@
 """The plugin's greedy output for the default model equals transformers' greedy
 output, token for token, in eager and compiled mode, bf16 and fp32.
 
-Stock vLLM CPU in eager bf16 does not (it answers "L'Étoile, ..." to the France
-question): the last test shows that, so this file can tell the two apart. The root
-cause and the fix are in docs/correctness.md and vllm_x86/ops/rotary_embedding.py.
+France question: all 32 new tokens equal, in every mode and dtype. Stock vLLM CPU in
+eager bf16 does not manage even the first one (it answers "L'Étoile, ..."): the last
+test pins that, so this file can tell the two apart. Root cause and fix:
+docs/correctness.md and vllm_x86/ops/rotary_embedding.py.
+
+Other prompts, bf16: equal up to the first near tie. Where the float32 reference's two
+best tokens are closer than bf16 can resolve, bf16 implementations legitimately part
+(transformers bf16 and transformers fp32 part there too); the test then requires the
+plugin's token to be one of the two tied ones, and compares no further. In fp32 every
+prompt must match all 32 tokens.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 
 import pytest
@@ -37,6 +45,32 @@ def prompt_ids(model_dir) -> list[list[int]]:
     ]
 
 
+def bf16_spacing(x: float) -> float:
+    """Distance between neighbouring bf16 numbers at magnitude |x| (8 significant bits)."""
+    return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 2.0**-133
+
+
+def fp32_margins(model_dir, prompts, continuations) -> list[list[tuple]]:
+    """(top-1 minus top-2 logit, top-1 id, top-2 id, top-1 logit) of the float32 model
+    at every position of each prompt's continuation (teacher-forced)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    out = []
+    with torch.no_grad():
+        for ids, cont in zip(prompts, continuations):
+            logits = model(torch.tensor([ids + cont])).logits[0, len(ids) - 1 :].float()
+            top = logits.topk(2, dim=-1)
+            out.append(
+                [
+                    (float(v[0] - v[1]), int(i[0]), int(i[1]), float(v[0]))
+                    for v, i in zip(top.values[: len(cont)], top.indices[: len(cont)])
+                ]
+            )
+    return out
+
+
 def transformers_greedy(model_dir, dtype_name: str, prompts: list[list[int]]) -> list[list[int]]:
     """Plain greedy decoding with transformers (no stop at EOS, like ignore_eos)."""
     import torch
@@ -62,9 +96,9 @@ def transformers_greedy(model_dir, dtype_name: str, prompts: list[list[int]]) ->
 @pytest.fixture(scope="module")
 def reference(default_model):
     prompts = prompt_ids(default_model)
-    return prompts, {
-        d: transformers_greedy(default_model, d, prompts) for d in ("bfloat16", "float32")
-    }
+    ref = {d: transformers_greedy(default_model, d, prompts) for d in ("bfloat16", "float32")}
+    margins = fp32_margins(default_model, prompts, ref["bfloat16"])
+    return prompts, ref, margins
 
 
 def run_vllm(model_dir, dtype: str, eager: bool, prompts, **env) -> dict:
@@ -93,21 +127,34 @@ def run_vllm(model_dir, dtype: str, eager: bool, prompts, **env) -> dict:
 @pytest.mark.parametrize("eager", [True, False], ids=["eager", "compiled"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_plugin_greedy_equals_transformers(default_model, reference, dtype, eager):
-    prompts, ref = reference
+    prompts, ref, margins = reference
     res = run_vllm(default_model, dtype, eager, prompts)
     assert res["platform"] == "X86Platform"
     assert res["texts"][0].startswith("The capital of France is Paris.")
-    for i, question in enumerate(QUESTIONS):
-        assert res["token_ids"][i] == ref[dtype][i], (
-            f"{question!r}: plugin {res['token_ids'][i]} != transformers {ref[dtype][i]}"
+    # the France question: every token, every mode
+    assert res["token_ids"][0] == ref[dtype][0]
+    for i, question in enumerate(QUESTIONS[1:], start=1):
+        got, want = res["token_ids"][i], ref[dtype][i]
+        if got == want:
+            continue
+        assert dtype == "bfloat16", f"{question!r}: fp32 must match exactly: {got} != {want}"
+        d = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
+        gap, top1, top2, top_logit = margins[i][d]
+        assert gap < bf16_spacing(top_logit) and got[d] in (top1, top2), (
+            f"{question!r} parts from transformers at token {d} ({got[d]} vs {want[d]}), "
+            f"where the fp32 reference is no near tie: its top two ({top1}, {top2}) are "
+            f"{gap:.3f} apart at logit {top_logit:.2f}, bf16 resolves {bf16_spacing(top_logit)}"
         )
 
 
 @pytest.mark.slow
 def test_stock_vllm_eager_bf16_diverges(default_model, reference):
     """The behaviour the plugin fixes, pinned so the parity test above can fail."""
-    prompts, ref = reference
-    res = run_vllm(default_model, "bfloat16", True, prompts, VLLM_X86_DISABLE="1")
+    prompts, ref, _ = reference
+    # stock needs one setting to start on this machine (see docs/correctness.md)
+    res = run_vllm(
+        default_model, "bfloat16", True, prompts, VLLM_X86_DISABLE="1", VLLM_CPU_KVCACHE_SPACE="1"
+    )
     assert res["platform"] == "CpuPlatform"
     assert res["texts"][0].startswith("L'")
     assert res["token_ids"][0] != ref["bfloat16"][0]
