@@ -94,9 +94,11 @@ def main() -> None:
             rs = [b[k] / a_[k] for a_, b in zip(results[base], results[n], strict=False)]
             ratios.append(f"{statistics.median(rs):.2f}x")
         print(f"| {k} | " + " | ".join(cells + ratios) + " |")
-    texts = {x["text_1"] for n in names for x in results[n]}
-    print(f"\nsame greedy text from every run: {len(texts) == 1}")
-
+    print("\ngreedy text of the 1-request run (first 60 characters):")
+    for n in names:
+        texts = sorted({x["text_1"][:60] for x in results[n]})
+        same = "same in every round" if len(texts) == 1 else "DIFFERS between rounds"
+        print(f"- {n} ({same}): " + " | ".join(repr(t) for t in texts))
 
 if __name__ == "__main__":
     main()

@@ -197,3 +197,25 @@ def test_malformed_json_is_400_and_server_keeps_serving(server):
     )
     assert 400 <= r.status_code < 500
     test_completion(server)
+
+
+def _chat_cli(server, *args, stdin=None):
+    return subprocess.run(
+        [PYTHON, "-m", "vllm_x86.cli", "chat", "--url", f"{server['base']}/v1", *args],
+        input=stdin, capture_output=True, text=True, env=clean_env(), timeout=120,
+    )
+
+
+def test_chat_cli_one_shot(server):
+    p = _chat_cli(server, "-q", "What is the capital of France?")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("The capital of France is Paris.")
+    assert "tokens/s]" in p.stderr
+
+
+def test_chat_cli_interactive_keeps_the_conversation(server):
+    p = _chat_cli(server, stdin="What is the capital of France?\nAnd of Italy?\n\n")
+    assert p.returncode == 0, p.stderr
+    answers = p.stdout.replace("> ", "")
+    assert "Paris" in answers
+    assert "Rome" in answers  # answering "And of Italy?" needs the first turn
