@@ -32,7 +32,12 @@ def free_port() -> int:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The test process's environment without any VLLM_X86_* / VLLM_CPU_* setting
-    (so a developer's shell does not change what a test measures), plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_X86_", "VLLM_CPU_"))}
+    (so a developer's shell does not change what a test measures), plus `extra`.
+    VLLM_X86_CACHE_DIR stays: it says where the models are, not how they run."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k == "VLLM_X86_CACHE_DIR" or not k.startswith(("VLLM_X86_", "VLLM_CPU_"))
+    }
     env.update(extra)
     return env

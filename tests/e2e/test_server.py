@@ -202,7 +202,11 @@ def test_malformed_json_is_400_and_server_keeps_serving(server):
 def _chat_cli(server, *args, stdin=None):
     return subprocess.run(
         [PYTHON, "-m", "vllm_x86.cli", "chat", "--url", f"{server['base']}/v1", *args],
-        input=stdin, capture_output=True, text=True, env=clean_env(), timeout=120,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=120,
     )
 
 
