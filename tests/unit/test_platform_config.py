@@ -33,7 +33,7 @@ def config(model, engine_kwargs=None, **env) -> dict:
     )
     for line in p.stdout.splitlines():
         if line.startswith("CONFIG "):
-            return json.loads(line[7:]) | {"log": p.stderr}
+            return json.loads(line[7:]) | {"log": p.stdout + p.stderr}
     raise AssertionError(p.stderr[-3000:])
 
 
