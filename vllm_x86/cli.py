@@ -1,4 +1,4 @@
-"""`vllm-x86`: serve, chat, pull, doctor, demo.
+"""`vllm-x86`: serve, chat, pull, doctor, demo, bench.
 
 The CLI imports vLLM only where it must (serve hands over to vLLM's OpenAI server),
 so `doctor`, `pull` and `chat` start quickly.
@@ -270,6 +270,20 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     return run_demo(question=ns.question, port=ns.port, max_tokens=ns.max_tokens)
 
 
+# ----------------------------------------------------------------------------- bench
+
+
+def cmd_bench(ns: argparse.Namespace, argv: list[str]) -> int:
+    from vllm_x86.bench.contenders import BenchError
+    from vllm_x86.bench.harness import run
+
+    try:
+        run(ns, ["vllm-x86", *argv])
+    except BenchError as e:
+        raise CliError(str(e)) from None
+    return 0
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -351,6 +365,20 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--question", default="What is the capital of France?")
     dm.add_argument("--port", type=int, default=0, help="(default: a free port)")
     dm.add_argument("--max-tokens", type=int, default=64)
+
+    from vllm_x86.bench.harness import add_arguments as add_bench_arguments
+
+    b = sub.add_parser(
+        "bench",
+        help="the plugin against stock vLLM CPU (and llama.cpp) on one model, side by side",
+        description="Contenders side by side on one model, alternating in fresh processes "
+        "(A B A B ...): decode tokens/s at 1, 8 and 32 concurrent requests, TTFT of a "
+        "512-token prompt and prefill tokens/s, start-up to first token, peak memory of the "
+        "process tree, and the machine's memory-bandwidth roofline. Prints a markdown "
+        "table; writes results.json (every raw sample), report.md and chart.png to a new "
+        "folder under --out. Method and results: docs/benchmarks.md.",
+    )
+    add_bench_arguments(b)
     return p
 
 
@@ -380,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         "pull": lambda: cmd_pull(ns),
         "doctor": lambda: cmd_doctor(ns),
         "demo": lambda: cmd_demo(ns),
+        "bench": lambda: cmd_bench(ns, argv),
     }
     try:
         return handlers[ns.cmd]()

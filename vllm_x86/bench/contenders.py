@@ -1,0 +1,116 @@
+"""The contenders `vllm-x86 bench` can measure, each with its exact environment.
+
+A contender's process gets the harness's environment with every ``VLLM_X86_*`` and
+``VLLM_CPU_*`` setting removed (so a developer's shell does not change what is
+measured; ``VLLM_X86_CACHE_DIR`` stays: it says where models are, not how they run),
+plus the contender's own ``env``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+
+
+class BenchError(Exception):
+    """A benchmark cannot run as asked; the message is meant for the user."""
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    kind: str  # "plugin-server": `vllm-x86 serve`; "vllm-server": vLLM's own server; "llamacpp"
+    description: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_server(self) -> bool:
+        return self.kind in ("plugin-server", "vllm-server")
+
+
+# The smallest change stock vLLM CPU needs to start on the development machines: without
+# it, it sizes its KV cache from a NUMA node's meminfo and stops with "Available memory
+# on node 0 (...) is less than desired CPU memory utilization" (measured-baseline.md).
+STOCK_START_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+LLAMACPP_INSTALL = (
+    'CMAKE_ARGS="-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" '
+    ".venv/bin/pip install llama-cpp-python==0.3.36"
+)
+
+CONTENDERS: dict[str, Contender] = {
+    c.name: c
+    for c in (
+        Contender(
+            "plugin",
+            "plugin-server",
+            "vllm-x86 with its defaults: `vllm-x86 serve MODEL`",
+        ),
+        Contender(
+            "stock",
+            "vllm-server",
+            "stock vLLM CPU in the same venv: `python -m vllm.entrypoints.openai.api_server "
+            "--model MODEL` with VLLM_X86_DISABLE=1, plus the one change it needs to start "
+            "here: VLLM_CPU_KVCACHE_SPACE=1 (a 1 GiB KV cache)",
+            {"VLLM_X86_DISABLE": "1", **STOCK_START_ENV},
+        ),
+        Contender(
+            "plugin-1thread",
+            "plugin-server",
+            "vllm-x86 with vLLM's thread layout for 2 cores (VLLM_CPU_OMP_THREADS_BIND=0): "
+            "1 model thread, the other core left to the engine loop",
+            {"VLLM_CPU_OMP_THREADS_BIND": "0"},
+        ),
+        Contender(
+            "llamacpp",
+            "llamacpp",
+            "llama.cpp through llama-cpp-python (Llama API in a fresh process, one thread per "
+            "CPU), on the same weights as a GGUF file",
+        ),
+    )
+}
+
+BASELINE = "stock"
+
+
+def llamacpp_available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def parse_contenders(spec: str) -> list[Contender]:
+    """'stock,plugin' -> contenders, in order. 'auto': stock, plugin, and llamacpp when
+    llama-cpp-python is installed. Raises BenchError for anything it cannot run."""
+    spec = spec.strip()
+    if spec == "auto":
+        names = ["stock", "plugin"] + (["llamacpp"] if llamacpp_available() else [])
+    else:
+        names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise BenchError("no contenders given (--contenders stock,plugin)")
+    unknown = [n for n in names if n not in CONTENDERS]
+    if unknown:
+        raise BenchError(
+            f"unknown contender(s): {', '.join(unknown)}. Known: {', '.join(CONTENDERS)} "
+            "(or 'auto')"
+        )
+    if len(set(names)) != len(names):
+        raise BenchError(f"a contender is named twice in '{spec}'")
+    if "llamacpp" in names and not llamacpp_available():
+        raise BenchError(
+            "the llamacpp contender needs llama-cpp-python, which is not installed. It "
+            f"builds llama.cpp from source (about 4 minutes): {LLAMACPP_INSTALL}"
+        )
+    return [CONTENDERS[n] for n in names]
+
+
+def contender_env(contender: Contender, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a contender's process runs with (see the module docstring)."""
+    base = dict(os.environ if base is None else base)
+    env = {
+        k: v
+        for k, v in base.items()
+        if k == "VLLM_X86_CACHE_DIR" or not k.startswith(("VLLM_X86_", "VLLM_CPU_"))
+    }
+    env.update(contender.env)
+    return env

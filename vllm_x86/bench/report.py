@@ -1,0 +1,280 @@
+"""From raw runs to the report: medians, ranges, per-round ratios, table, chart.
+
+Pure functions of the results dictionary the harness writes as JSON, so a report can
+be rendered again from a saved JSON file (``render_markdown(json.load(f))``).
+
+Ratios are taken round by round (contender X's value in round r ÷ the baseline's value
+in round r), and the median and range of those ratios are reported: the two runs of a
+round are neighbours in time, so noise that drifts over the run cancels in their ratio.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from vllm_x86.bench.roofline import roofline_tok_s
+from vllm_x86.bench.workload import Workload, figures
+
+MB = 1e6
+
+
+def stats(values: list[float]) -> dict:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+        "values": values,
+    }
+
+
+def bandwidth_gb_s(results: dict) -> tuple[float, float]:
+    """(1 thread, all threads) GB/s: the best of the probes run before and after."""
+    probes = results.get("bandwidth", {}).get("probes", [])
+    if not probes:
+        return float("nan"), float("nan")
+    return (
+        max(p["gb_s_1_thread"] for p in probes),
+        max(p["gb_s_all_threads"] for p in probes),
+    )
+
+
+def add_roofline(results: dict) -> None:
+    """Fill results["roofline"] and each run's roofline_pct from the bandwidth probes."""
+    bw1, bw_all = bandwidth_gb_s(results)
+    roof = results.setdefault("roofline", {})
+    for info in roof.get("weights", {}).values():
+        info["roofline_tok_s_1_thread"] = roofline_tok_s(info["bytes_per_token"], bw1)
+        info["roofline_tok_s_all_threads"] = roofline_tok_s(info["bytes_per_token"], bw_all)
+    for run in results.get("runs", []):
+        w = roof.get("weights", {}).get(run["contender"])
+        d1 = run["metrics"].get("decode_1_tok_s")
+        if w and d1:
+            run["metrics"]["roofline_pct"] = 100.0 * d1 / w["roofline_tok_s_all_threads"]
+
+
+def summarize(results: dict) -> None:
+    """Fill results["summary"], results["ratios"] and results["greedy_text"]."""
+    w = Workload(
+        **{**results["workload"], "concurrency": tuple(results["workload"]["concurrency"])}
+    )
+    names = [c["name"] for c in results["contenders"]]
+    runs = results["runs"]
+    summary: dict = {}
+    for n in names:
+        mine = [r for r in runs if r["contender"] == n]
+        s: dict = {}
+        for f in figures(w):
+            vals = [r["metrics"][f.key] for r in mine if r["metrics"].get(f.key) is not None]
+            na = next((r["metrics"].get("not_applicable", {}).get(f.key) for r in mine), None)
+            if vals:
+                s[f.key] = stats(vals)
+            elif na:
+                s[f.key] = {"not_applicable": na}
+            else:
+                s[f.key] = {"missing": True}
+        summary[n] = s
+    results["summary"] = summary
+
+    base = results["baseline"]
+    ratios: dict = {}
+    by_round = {(r["round"], r["contender"]): r for r in runs}
+    rounds = sorted({r["round"] for r in runs})
+    for n in names:
+        if n == base:
+            continue
+        rs: dict = {}
+        for f in figures(w):
+            per_round = []
+            for k in rounds:
+                a, b = by_round.get((k, base)), by_round.get((k, n))
+                if a is None or b is None:
+                    continue
+                va, vb = a["metrics"].get(f.key), b["metrics"].get(f.key)
+                if va and vb:
+                    per_round.append(vb / va)
+            if per_round:
+                rs[f.key] = {**stats(per_round), "per_round": per_round}
+        ratios[f"{n}/{base}"] = rs
+    results["ratios"] = ratios
+
+    texts = {n: [r["metrics"].get("text") for r in runs if r["contender"] == n] for n in names}
+    same_as_base = {
+        n: bool(texts[n]) and bool(texts.get(base)) and set(texts[n]) == set(texts[base])
+        for n in names
+    }
+    results["greedy_text"] = {
+        "request": "decode at 1 request (prompt 0), all new tokens",
+        "by_contender": texts,
+        "same_in_every_round": {n: len(set(t)) == 1 for n, t in texts.items() if t},
+        "same_as_baseline": same_as_base,
+    }
+
+
+def _fmt(v: float, digits: int) -> str:
+    return f"{v:.{digits}f}"
+
+
+def _cell(s: dict, digits: int) -> str:
+    if "not_applicable" in s:
+        return "n/a¹"
+    if "median" not in s:
+        return "-"
+    if s["n"] == 1:
+        return _fmt(s["median"], digits)
+    return f"{_fmt(s['median'], digits)} ({_fmt(s['min'], digits)}–{_fmt(s['max'], digits)})"
+
+
+def _ratio_cell(s: dict | None) -> str:
+    if not s:
+        return "-"
+    if s["n"] == 1:
+        return f"{s['median']:.2f}x"
+    return f"{s['median']:.2f}x ({s['min']:.2f}–{s['max']:.2f})"
+
+
+def render_markdown(results: dict) -> str:
+    w = Workload(
+        **{**results["workload"], "concurrency": tuple(results["workload"]["concurrency"])}
+    )
+    st = results["settings"]
+    names = [c["name"] for c in results["contenders"]]
+    base = results["baseline"]
+    others = [n for n in names if n != base]
+    m = results["machine"]
+    lines = [
+        f"## vllm-x86 bench: {st['model']}",
+        "",
+        f"{results['started'][:10]}; {m['cpu']} ({m['cpus']} CPUs, {m['isa']}), "
+        f"{m['memory_gib']:.0f} GiB; vllm {m['versions'].get('vllm')}, torch "
+        f"{m['versions'].get('torch')}"
+        + (
+            f", llama-cpp-python {m['versions']['llama-cpp-python']}"
+            if m["versions"].get("llama-cpp-python") and "llamacpp" in names
+            else ""
+        ),
+        "",
+        f"{st['model_description']}; {st['dtype']}, {st['mode']}; {st['rounds']} round(s), "
+        f"contenders alternating ({' '.join(names)}, ...), each run a fresh process; "
+        f"{w.new_tokens} new tokens per request, greedy, ignore_eos.",
+        "",
+        "Contenders:",
+    ]
+    for c in results["contenders"]:
+        lines.append(f"- **{c['name']}**: {c['description']}")
+    head = ["figure: median (min–max)", *names, *[f"{n}/{base}" for n in others]]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes: dict[str, str] = {}
+    for f in figures(w):
+        cells = [f.label + ("" if f.higher_is_better else ", lower is better")]
+        for n in names:
+            s = results["summary"][n][f.key]
+            if "not_applicable" in s:
+                notes.setdefault(n, s["not_applicable"])
+            cells.append(_cell(s, f.digits))
+        for n in others:
+            cells.append(_ratio_cell(results["ratios"][f"{n}/{base}"].get(f.key)))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(
+        f"Ratios: {', '.join(f'{n}/{base}' for n in others) or '-'}, median (min–max) of the "
+        "per-round ratios."
+    )
+    for n, why in notes.items():
+        lines.append(f"¹ {n}: {why}.")
+
+    bw = results.get("bandwidth", {})
+    bw1, bw_all = bandwidth_gb_s(results)
+    if bw.get("probes"):
+        p0 = bw["probes"][0]
+        lines += [
+            "",
+            f"Memory bandwidth (streaming read of a {p0['buffer_bytes'] / 2**20:.0f} MiB "
+            f"buffer, best of sum/gemv × {p0['repeats']}, probed before and after): "
+            f"**{bw1:.1f} GB/s** with 1 thread, **{bw_all:.1f} GB/s** with "
+            f"{p0['all_threads']} threads.",
+        ]
+    roof = results.get("roofline", {}).get("weights", {})
+    if roof:
+        lines += ["", "Decode roofline for one request (weight bytes per token ÷ bandwidth):"]
+        groups: dict[tuple, list[str]] = {}
+        for n, info in roof.items():
+            key = (info["bytes_per_token"], info["what"])
+            groups.setdefault(key, []).append(n)
+        for (nbytes, what), ns in groups.items():
+            info = roof[ns[0]]
+            lines.append(
+                f"- {', '.join(ns)}: {nbytes / MB:.0f} MB per token ({what}) → "
+                f"{info['roofline_tok_s_all_threads']:.1f} tok/s with all threads "
+                f"({info['roofline_tok_s_1_thread']:.1f} tok/s with 1)"
+            )
+    g = results.get("greedy_text", {})
+    if g:
+        lines += ["", f"Greedy text ({g['request']}; first 60 characters):"]
+        for n in names:
+            ts = g["by_contender"].get(n) or []
+            uniq = sorted(set(ts))
+            same = "same in every round" if len(uniq) == 1 else "DIFFERS between rounds"
+            lines.append(f"- {n} ({same}): " + " | ".join(repr(t[:60]) for t in uniq))
+        for n in others:
+            verdict = (
+                "the same text as" if g["same_as_baseline"].get(n) else "a DIFFERENT text from"
+            )
+            lines.append(f"- {n} gave {verdict} {base}")
+    if st["rounds"] < 3:
+        lines += ["", f"Note: {st['rounds']} round(s); the method asks for at least 3."]
+    lines += ["", f"Command: `{results['command']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> Path | None:
+    """PNG of decode tokens/s against concurrent requests, one line per contender."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    conc = results["workload"]["concurrency"]
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for c in results["contenders"]:
+        n = c["name"]
+        xs, ys, lo, hi = [], [], [], []
+        for k in conc:
+            s = results["summary"][n].get(f"decode_{k}_tok_s", {})
+            if "median" in s:
+                xs.append(k)
+                ys.append(s["median"])
+                lo.append(s["median"] - s["min"])
+                hi.append(s["max"] - s["median"])
+        if xs:
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4, label=n)
+    roof = results.get("roofline", {}).get("weights", {})
+    if roof:
+        first = next(iter(roof.values()))
+        ax.axhline(
+            first["roofline_tok_s_all_threads"],
+            color="grey",
+            linestyle="--",
+            linewidth=1,
+            label=f"1-request roofline ({first['what']})",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(conc)
+    ax.set_xticklabels([str(k) for k in conc])
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("decode tokens/s (all requests together)")
+    st = results["settings"]
+    ax.set_title(
+        f"{st['model']}, {st['dtype']}, {st['mode']}: median, min–max of {st['rounds']} round(s)",
+        fontsize=10,
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

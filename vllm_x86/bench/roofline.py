@@ -1,0 +1,79 @@
+"""The decode roofline: how fast one request could decode if reading weights were all.
+
+Decoding one token of one request reads every weight matrix once: all layers, the
+final norm and the LM head. The input embedding is only looked up (one row), so it
+counts only when it is also the LM head (tied embeddings). ``weight bytes per token ÷
+memory bandwidth`` is then the shortest time a token can take, and its inverse the
+roofline in tokens/s. KV-cache reads and activations are left out: with short contexts
+they are small next to the weights, so the roofline is an upper bound, slightly high.
+
+Bytes are counted in the dtype the contender computes with (a bf16 checkpoint run in
+float32 reads 4 bytes per weight), from the tensor headers only (no weights are read).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+EMBED_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight")
+LM_HEAD_NAMES = ("lm_head.weight",)
+
+
+def _safetensors_numels(model_dir: Path) -> dict[str, int]:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    out: dict[str, int] = {}
+    for f in files:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            numel = 1
+            for d in info["shape"]:
+                numel *= d
+            out[name] = numel
+    return out
+
+
+def hf_weight_bytes_per_token(model_dir: str | Path, dtype: str) -> dict:
+    """Bytes of weights one decoded token reads, for a HF directory run in `dtype`."""
+    numels = _safetensors_numels(Path(model_dir))
+    total = sum(numels.values())
+    embed = next((numels[n] for n in EMBED_NAMES if n in numels), 0)
+    untied = any(n in numels for n in LM_HEAD_NAMES)
+    read = total - embed if untied else total
+    return {
+        "params": total,
+        "params_read_per_token": read,
+        "tied_embeddings": not untied,
+        "dtype": dtype,
+        "bytes_per_token": read * DTYPE_BYTES[dtype],
+    }
+
+
+def gguf_weight_bytes_per_token(path: str | Path) -> dict:
+    """The same for a GGUF file, in its own storage types."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path))
+    sizes = {t.name: int(t.n_bytes) for t in r.tensors}
+    total = sum(sizes.values())
+    untied = "output.weight" in sizes
+    read = total - sizes.get("token_embd.weight", 0) if untied else total
+    types = sorted({t.tensor_type.name for t in r.tensors})
+    return {
+        "file_bytes": total,
+        "tied_embeddings": not untied,
+        "tensor_types": types,
+        "bytes_per_token": read,
+    }
+
+
+def roofline_tok_s(bytes_per_token: int, gb_s: float) -> float:
+    return gb_s * 1e9 / bytes_per_token
