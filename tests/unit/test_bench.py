@@ -367,6 +367,24 @@ def test_markdown_has_every_figure_and_ratio_column():
     assert "1000 MB per token" in md
 
 
+def test_runs_beside_other_work_are_flagged():
+    res = _results()
+    for run in res["runs"]:
+        run["metrics"]["other_cpu_pct"] = 2.0
+    res["runs"][4]["metrics"]["other_cpu_pct"] = 35.0  # round 2, plugin
+    report.add_roofline(res)
+    report.summarize(res)
+    md = report.render_markdown(res)
+    assert "stock 2 / 2, plugin 2 / 35, llamacpp 2 / 2" in md
+    assert "**Not a quiet machine**" in md and "round 2 plugin (35%)" in md
+
+
+def test_other_cpu_is_measured():
+    from vllm_x86.bench.proctree import other_cpu_pct
+
+    assert 0.0 <= other_cpu_pct(0.2) < 100.0 * len(__import__("os").sched_getaffinity(0))
+
+
 def test_chart_is_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     res = _results()

@@ -35,6 +35,8 @@ from vllm_x86.bench.contenders import (
 from vllm_x86.bench.workload import Workload
 
 QUICK_MODEL = "random:tiny-llama"
+# Other processes using more than this share of one CPU make a machine "not quiet".
+QUIET_PCT = 20
 
 
 def _say(msg: str) -> None:
@@ -134,6 +136,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds one contender run may take (default: %(default)s)",
     )
     p.add_argument(
+        "--wait-quiet",
+        type=int,
+        default=120,
+        metavar="SECONDS",
+        help="before each run, wait up to this long for other processes to use less than "
+        f"{QUIET_PCT}%% of a CPU (default: %(default)s; 0: do not wait). Runs that had other "
+        "work beside them are flagged in the report either way",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help=f"smoke run: {QUICK_MODEL}, 1 round, float32, eager, 32 new tokens, 1 TTFT "
@@ -206,6 +217,26 @@ def _warm_page_cache(model_dir: Path, extra: list[Path]) -> None:
         with open(f, "rb") as fh:
             while fh.read(16 << 20):
                 pass
+
+
+def _wait_quiet(max_wait_s: int) -> float:
+    """Other processes' CPU use (% of one CPU), after waiting up to max_wait_s for it to
+    drop below QUIET_PCT."""
+    from vllm_x86.bench.proctree import other_cpu_pct
+
+    pct = other_cpu_pct(1.0)
+    if pct < QUIET_PCT:
+        return pct
+    _say(
+        f"other processes are using {pct:.0f}% of a CPU; waiting up to {max_wait_s} s "
+        "for a quiet machine"
+    )
+    deadline = time.monotonic() + max_wait_s
+    while pct >= QUIET_PCT and time.monotonic() < deadline:
+        pct = other_cpu_pct(2.0)
+    if pct >= QUIET_PCT:
+        _say(f"  still {pct:.0f}%: running anyway; the report flags the run")
+    return pct
 
 
 def _weights(contenders: list[Contender], model_dir: Path, dtype: str, gguf: Path | None) -> dict:
@@ -310,6 +341,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> dict:
             i = len(results["runs"]) + 1
             _say(f"round {r}/{rounds}: {c.name} (run {i} of {total})")
             log_path = out_dir / "logs" / f"r{r}-{c.name}.log"
+            before = _wait_quiet(ns.wait_quiet)
             t0 = time.monotonic()
             env = contender_env(c)
             if c.is_server:
@@ -324,6 +356,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> dict:
                 m = measure_llamacpp(gguf, env, prompts, w, log_path, out_dir / "work", ns.timeout)
             raw = m.pop("raw")
             command = m.pop("command")
+            m["other_cpu_pct_before"] = before
             results["runs"].append(
                 {
                     "round": r,
@@ -339,7 +372,8 @@ def run(ns: argparse.Namespace, argv: list[str]) -> dict:
             shown = ", ".join(
                 f"{k} {v:.1f}"
                 for k, v in m.items()
-                if isinstance(v, float) and (k.startswith("decode") or k == "startup_s")
+                if isinstance(v, float)
+                and (k.startswith("decode") or k in ("startup_s", "other_cpu_pct"))
             )
             _say(f"  {c.name}: {shown}")
 

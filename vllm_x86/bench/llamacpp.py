@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from vllm_x86.bench.contenders import BenchError
-from vllm_x86.bench.proctree import TreeMemorySampler
-from vllm_x86.bench.server import log_tail, relative_times, summarize_batch
+from vllm_x86.bench.proctree import TreeMonitor
+from vllm_x86.bench.server import log_tail, relative_times, stop_group, summarize_batch
 from vllm_x86.bench.workload import PromptSet, Workload
 
 NOT_APPLICABLE = (
@@ -65,13 +65,13 @@ def measure_llamacpp(
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
         )
-        with TreeMemorySampler(proc.pid) as sampler:
-            try:
+        try:
+            with TreeMonitor(proc.pid) as sampler:
                 out, _ = proc.communicate(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-                raise BenchError(f"llama.cpp did not finish in {timeout_s:.0f} s") from None
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"llama.cpp did not finish in {timeout_s:.0f} s") from None
+        finally:
+            stop_group(proc, grace_s=5)
     result = None
     for line in out.splitlines():
         if line.startswith("RESULT "):
@@ -82,8 +82,13 @@ def measure_llamacpp(
             + log_tail(log_path)
         )
     result.update(sampler.result())
-    # the child's own high-water mark is exact even if it exited between two samples
+    # the child's own figures are exact even if it exited between two samples
     result["peak_rss_mib"] = max(result["peak_rss_mib"], result.pop("self_peak_rss_mib"))
+    missed_cpu = result.pop("self_cpu_s") - result["tree_cpu_s"]
+    if missed_cpu > 0 and result.get("other_cpu_pct") is not None and result["monitored_s"]:
+        result["other_cpu_pct"] = max(
+            0.0, result["other_cpu_pct"] - 100.0 * missed_cpu / result["monitored_s"]
+        )
     result["command"] = cmd
     return result
 
@@ -160,7 +165,9 @@ def _child(args: argparse.Namespace) -> dict:
     m["threads"] = args.threads
     m["raw"] = raw
     llm.close()
-    m["self_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    m["self_peak_rss_mib"] = usage.ru_maxrss / 1024
+    m["self_cpu_s"] = usage.ru_utime + usage.ru_stime
     return m
 
 

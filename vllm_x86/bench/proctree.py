@@ -1,6 +1,6 @@
-"""Peak memory of a whole process tree (a server and the engine processes it starts).
+"""What a contender's process tree used (peak memory) and what else ran meanwhile.
 
-Two figures, both summed over every process of the tree:
+Memory, summed over every process of the tree:
 
 - ``peak_rss_mib``: each process's own peak RSS as the kernel records it (``VmHWM`` in
   /proc/PID/status, exact, read at every sample and once more before the tree is
@@ -10,11 +10,18 @@ Two figures, both summed over every process of the tree:
 - ``peak_pss_mib``: the largest sum of PSS seen in the samples (every 0.25 s). PSS
   splits each shared page between the processes that map it, so the sum is the tree's
   real share of memory; being sampled, it can miss a peak shorter than the interval.
+
+Noise: ``other_cpu_pct`` is the CPU time that processes outside the tree and the
+harness used while the tree ran, as a percentage of one CPU (machine busy time from
+/proc/stat, minus the tree's and the harness's own CPU time). On a shared machine a
+run with other work beside it is slower, and the report flags it.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 
 import psutil
 
@@ -32,21 +39,44 @@ def _hwm_bytes(pid: int) -> int | None:
     return None
 
 
-class TreeMemorySampler:
+def machine_busy_s() -> float:
+    """CPU seconds all CPUs spent busy since boot (excluding idle and iowait)."""
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + t.irq + t.softirq
+
+
+def own_cpu_s() -> float:
+    t = psutil.Process().cpu_times()
+    return t.user + t.system
+
+
+def other_cpu_pct(seconds: float = 1.0) -> float:
+    """CPU used by other processes over `seconds`, in % of one CPU (the harness idles)."""
+    b0, o0, t0 = machine_busy_s(), own_cpu_s(), time.monotonic()
+    time.sleep(seconds)
+    busy = machine_busy_s() - b0 - (own_cpu_s() - o0)
+    return max(0.0, 100.0 * busy / (time.monotonic() - t0))
+
+
+class TreeMonitor:
     """Samples a process tree every `interval` seconds in a background thread."""
 
     def __init__(self, pid: int, interval: float = 0.25):
         self.pid = pid
         self.interval = interval
         self.hwm: dict[int, int] = {}  # pid -> peak RSS seen (VmHWM)
+        self.cpu: dict[int, float] = {}  # pid -> CPU seconds seen
         self.peak_rss_sampled = 0
         self.peak_pss = 0
         self.peak_procs = 0
         self.samples = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tree-memory", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="tree-monitor", daemon=True)
+        self._t0 = self._busy0 = self._own0 = 0.0
+        self._wall = self._other = 0.0
 
-    def __enter__(self) -> TreeMemorySampler:
+    def __enter__(self) -> TreeMonitor:
+        self._t0, self._busy0, self._own0 = time.monotonic(), machine_busy_s(), own_cpu_s()
         self._thread.start()
         return self
 
@@ -54,10 +84,16 @@ class TreeMemorySampler:
         self.stop()
 
     def stop(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self.sample()  # a last look before the tree is stopped
+        self._wall = time.monotonic() - self._t0
+        busy = machine_busy_s() - self._busy0
+        ours = sum(self.cpu.values()) + own_cpu_s() - self._own0
+        self._other = max(0.0, busy - ours)
 
     def sample(self) -> None:
         try:
@@ -69,10 +105,12 @@ class TreeMemorySampler:
         for p in procs:
             try:
                 m = p.memory_full_info()
+                t = p.cpu_times()
             except psutil.Error:
                 continue
             rss += m.rss
             pss += getattr(m, "pss", m.rss)
+            self.cpu[p.pid] = max(self.cpu.get(p.pid, 0.0), t.user + t.system)
             hwm = _hwm_bytes(p.pid)
             if hwm is not None:
                 self.hwm[p.pid] = max(self.hwm.get(p.pid, 0), hwm)
@@ -93,4 +131,27 @@ class TreeMemorySampler:
             "peak_pss_mib": self.peak_pss / MiB,
             "peak_processes": self.peak_procs,
             "memory_samples": self.samples,
+            "tree_cpu_s": sum(self.cpu.values()),
+            "monitored_s": self._wall,
+            "other_cpu_pct": 100.0 * self._other / self._wall if self._wall else None,
         }
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def wait_gone(procs: list[psutil.Process], timeout: float = 30.0) -> None:
+    """Wait until every process in `procs` has exited; SIGKILL what is left after
+    `timeout`, so that the next contender starts on a quiet machine."""
+    procs = [p for p in procs if p.pid != os.getpid()]
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=10)

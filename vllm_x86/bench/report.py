@@ -17,6 +17,8 @@ from vllm_x86.bench.roofline import roofline_tok_s
 from vllm_x86.bench.workload import Workload, figures
 
 MB = 1e6
+# A run during which other processes used this share of one CPU or more is flagged.
+NOISY_PCT = 10
 
 
 def stats(values: list[float]) -> dict:
@@ -183,6 +185,33 @@ def render_markdown(results: dict) -> str:
     )
     for n, why in notes.items():
         lines.append(f"¹ {n}: {why}.")
+
+    busy = {
+        n: [
+            r["metrics"].get("other_cpu_pct") or 0.0 for r in results["runs"] if r["contender"] == n
+        ]
+        for n in names
+    }
+    if any(busy.values()):
+        lines += [
+            "",
+            "Other processes' CPU use during the runs, % of one CPU (median / max): "
+            + ", ".join(
+                f"{n} {statistics.median(v):.0f} / {max(v):.0f}" for n, v in busy.items() if v
+            )
+            + ".",
+        ]
+        noisy = [
+            f"round {r['round']} {r['contender']} ({r['metrics']['other_cpu_pct']:.0f}%)"
+            for r in results["runs"]
+            if (r["metrics"].get("other_cpu_pct") or 0.0) >= NOISY_PCT
+        ]
+        if noisy:
+            lines.append(
+                f"**Not a quiet machine**: other work used ≥ {NOISY_PCT}% of a CPU in "
+                + ", ".join(noisy)
+                + "; those figures are slower than the contender is."
+            )
 
     bw = results.get("bandwidth", {})
     bw1, bw_all = bandwidth_gb_s(results)

@@ -12,7 +12,8 @@ stopped. The order inside one measurement:
 4. decode: for each concurrency C, C requests at once, ``new_tokens`` tokens each;
 5. stop the process group (SIGINT, then SIGKILL after 30 s).
 
-The process tree's memory is sampled from launch to the end of step 4.
+The process tree's memory (and the CPU other processes used meanwhile) is sampled from
+launch to the end of step 4.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 import httpx
 
 from vllm_x86.bench.contenders import BenchError, Contender
-from vllm_x86.bench.proctree import TreeMemorySampler
+from vllm_x86.bench.proctree import TreeMonitor, descendants, wait_gone
 from vllm_x86.bench.workload import PromptSet, Workload
 
 SERVED_NAME = "bench"
@@ -72,16 +73,20 @@ def server_command(
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
+    """Stop a process group started with start_new_session=True, and wait until every
+    process of the tree is gone (an engine process that outlives its server would
+    still be exiting while the next contender runs)."""
+    tree = descendants(proc.pid)
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
+    wait_gone(tree, timeout=grace_s)
 
 
 def log_tail(path: Path, chars: int = 3000) -> str:
@@ -251,7 +256,7 @@ def measure_server(
             cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         srv = _Server(f"http://127.0.0.1:{port}", proc, log_path)
-        sampler = TreeMemorySampler(proc.pid)
+        sampler = TreeMonitor(proc.pid)
         try:
             with sampler:
                 metrics, raw = asyncio.run(_drive(srv, t_launch, prompts, w, timeout_s))
