@@ -1,0 +1,38 @@
+// The one binding file: registers every op of vllm-x86 with PyTorch under the
+// `vllm_x86` namespace (torch.ops.vllm_x86.*), with vLLM's `_C` op names and argument
+// orders, and exposes the ISA controls to Python as vllm_x86._C.
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+TORCH_LIBRARY(vllm_x86, m) {
+  m.def("rms_norm(Tensor! out, Tensor input, Tensor? weight, float epsilon) -> ()");
+  m.impl("rms_norm", torch::kCPU, &vllm_x86::rms_norm);
+  m.def(
+      "fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor? weight, float epsilon) -> "
+      "()");
+  m.impl("fused_add_rms_norm", torch::kCPU, &vllm_x86::fused_add_rms_norm);
+  m.def(
+      "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
+      "Tensor cos_sin_cache, bool is_neox) -> ()");
+  m.impl("rotary_embedding", torch::kCPU, &vllm_x86::rotary_embedding);
+  m.def("silu_and_mul(Tensor! out, Tensor input) -> ()");
+  m.impl("silu_and_mul", torch::kCPU, &vllm_x86::silu_and_mul);
+  m.def("gelu_and_mul(Tensor! out, Tensor input) -> ()");
+  m.impl("gelu_and_mul", torch::kCPU, &vllm_x86::gelu_and_mul);
+  m.def("gelu_tanh_and_mul(Tensor! out, Tensor input) -> ()");
+  m.impl("gelu_tanh_and_mul", torch::kCPU, &vllm_x86::gelu_tanh_and_mul);
+  m.def(
+      "split_norm_rope_neox(Tensor! q_out, Tensor! k_out, Tensor! v_out, Tensor qkv, "
+      "Tensor positions, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, "
+      "int num_heads, int num_kv_heads, int head_size, float epsilon) -> ()");
+  m.impl("split_norm_rope_neox", torch::kCPU, &vllm_x86::split_norm_rope_neox);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "vllm-x86 CPU kernels (ops are under torch.ops.vllm_x86)";
+  m.def("isa", &vllm_x86::isa, "The ISA whose kernels run now");
+  m.def("available_isas", &vllm_x86::available_isas, "ISAs this CPU can run");
+  m.def("set_isa", &vllm_x86::set_isa, "Pick the kernels' ISA: auto, avx2, avx512, avx512_bf16");
+}

@@ -1,0 +1,63 @@
+// Per-ISA kernel entry points of vllm-x86.
+//
+// Each ISA translation unit (isa_avx2.cpp, isa_avx512.cpp, isa_avx512bf16.cpp) compiles
+// kernels_impl.h under its own `#pragma GCC target` and defines these functions in its
+// own namespace. ops.cpp (built for the baseline x86-64 ISA) checks arguments, splits
+// the work over threads and calls the table of the ISA chosen at run time. Nothing in
+// this header depends on an ISA, so it can be included everywhere.
+#pragma once
+
+#include <cstdint>
+
+namespace vllm_x86 {
+
+// Element types the kernels handle.
+enum DType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// Row addressing for norm-like ops: row r = (i0, i1) with r = i0 * n1 + i1 and
+// element offset i0 * s0 + i1 * s1 (elements, last dim contiguous).
+struct Rows2 {
+  int64_t n0, n1, s0, s1;
+};
+
+struct KernelTable {
+  const char* name;
+  // out[r] = round(round(x[r] * rsqrt(mean(x[r]^2) + eps)) * w)   (w may be null)
+  // scratch: `hidden` floats per calling thread
+  void (*rms_norm)(int dt, void* out, Rows2 o, const void* x, Rows2 xr, const void* w,
+                   int64_t hidden, float eps, int64_t r_begin, int64_t r_end, float* scratch);
+  // s = x + res (fp32); res = round(s); x = round(round(s * rsqrt(mean(s^2)+eps)) * w)
+  // scratch: 2 * `hidden` floats per calling thread
+  void (*fused_add_rms_norm)(int dt, void* x, int64_t xs, void* res, int64_t rs,
+                             const void* w, int64_t hidden, float eps, int64_t r_begin,
+                             int64_t r_end, float* scratch);
+  // In-place rotary embedding of tokens [t_begin, t_end); cache rows are
+  // [cos(rot/2) | sin(rot/2)] in cache_dt.
+  void (*rotary_embedding)(int dt, int cache_dt, const int64_t* positions, void* q,
+                           int64_t qs, int nq, void* k, int64_t ks, int nk, int head,
+                           int rot, bool neox, const void* cache, int64_t cache_s,
+                           int64_t t_begin, int64_t t_end);
+  // out[r] = round(round(act(x[r, :d])) * x[r, d:]); act: 0 silu, 1 gelu(erf), 2 gelu(tanh)
+  void (*act_and_mul)(int dt, int act, void* out, int64_t os, const void* x, int64_t xs,
+                      int64_t d, int64_t r_begin, int64_t r_end);
+  // Qwen3 attention prologue for tokens [t_begin, t_end): split the fused qkv row,
+  // per-head RMSNorm of q and k (weights qw, kw of size head), neox RoPE on the
+  // first `rot` dims, write q, k, v (contiguous rows). scratch: `head` floats.
+  void (*split_norm_rope_neox)(int dt, int cache_dt, void* q_out, void* k_out, void* v_out,
+                               const void* qkv, int64_t qkv_s, const int64_t* positions,
+                               const void* qw, const void* kw, const void* cache,
+                               int64_t cache_s, int nq, int nk, int head, int rot, float eps,
+                               int64_t t_begin, int64_t t_end, float* scratch);
+};
+
+namespace avx2 {
+extern const KernelTable table;
+}
+namespace avx512 {
+extern const KernelTable table;
+}
+namespace avx512bf16 {
+extern const KernelTable table;
+}
+
+}  // namespace vllm_x86

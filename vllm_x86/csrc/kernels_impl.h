@@ -1,0 +1,643 @@
+// Kernel bodies of vllm-x86, compiled once per ISA.
+//
+// Include this file only from an isa_*.cpp file, after every system and torch header
+// and after that file's `#pragma GCC target(...)`, inside its ISA namespace: all code
+// here then has internal linkage and that ISA, and nothing compiled for AVX-512 can be
+// picked by the linker for a machine without it. That file defines VX_AVX512 and
+// VX_AVX512BF16 as its ISA allows (C++ does not see the macros a target pragma implies).
+//
+// Rounding contract (see docs/kernels.md): every op reproduces the rounding points of
+// its reference (vLLM's forward_native / vLLM IR native implementation): where the
+// reference rounds an intermediate to bf16/fp16, the kernel rounds it too, using
+// round-to-nearest-even like torch. The build uses -ffp-contract=off so the compiler
+// never fuses a multiply and an add that the reference rounds separately. Differences
+// that remain come from the order of additions in reductions (RMSNorm's mean of
+// squares) and from exp/erf/tanh approximations (activations), within the tolerances
+// the tests document.
+
+namespace {
+
+#if defined(VX_AVX512)
+constexpr int W = 16;
+using vf = __m512;
+inline vf v_set1(float a) { return _mm512_set1_ps(a); }
+inline vf v_zero() { return _mm512_setzero_ps(); }
+inline vf v_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf v_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf v_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf v_div(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf v_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf v_max(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline vf v_min(vf a, vf b) { return _mm512_min_ps(a, b); }
+inline vf v_abs(vf a) { return _mm512_abs_ps(a); }
+inline vf v_neg(vf a) {
+  return _mm512_castsi512_ps(
+      _mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x80000000u)));
+}
+inline vf v_copysign(vf mag, vf sgn) {
+  const __m512i m = _mm512_set1_epi32(0x80000000u);
+  return _mm512_castsi512_ps(_mm512_or_si512(
+      _mm512_andnot_si512(m, _mm512_castps_si512(mag)),
+      _mm512_and_si512(m, _mm512_castps_si512(sgn))));
+}
+inline float v_hsum(vf a) { return _mm512_reduce_add_ps(a); }
+inline vf v_loadf(const float* p) { return _mm512_loadu_ps(p); }
+inline void v_storef(float* p, vf v) { _mm512_storeu_ps(p, v); }
+inline vf v_load_bf16(const uint16_t* p) {
+  __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+// Round to nearest even, as c10::BFloat16 does. Intermediate roundings stay in 32-bit
+// lanes (add the rounding bias, clear the low half: ALU ops only); a quiet NaN stays a
+// NaN. Stores narrow to 16 bits; without AVX512-BF16 a NaN is stored as torch's 0x7fc0.
+inline vf v_round_bf16(vf v) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32(0xffff0000u)));
+}
+inline void v_store_bf16(uint16_t* p, vf v) {
+#if defined(VX_AVX512BF16)
+  _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v));
+#else
+  __m512i r = _mm512_srli_epi32(_mm512_castps_si512(v_round_bf16(v)), 16);
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7fc0));
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(r));
+#endif
+}
+inline vf v_load_f16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+}
+inline __m256i v_f16_bits(vf v) {
+  return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline void v_store_f16(uint16_t* p, vf v) { _mm256_storeu_si256((__m256i*)p, v_f16_bits(v)); }
+inline vf v_round_f16(vf v) { return _mm512_cvtph_ps(v_f16_bits(v)); }
+// 2^n for integral-valued n in [-126, 127]
+inline vf v_pow2i(vf n) {
+  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_castsi512_ps(e);
+}
+inline vf v_roundint(vf a) {
+  return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+#else  // AVX2 + FMA + F16C
+constexpr int W = 8;
+using vf = __m256;
+inline vf v_set1(float a) { return _mm256_set1_ps(a); }
+inline vf v_zero() { return _mm256_setzero_ps(); }
+inline vf v_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf v_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+inline vf v_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf v_div(vf a, vf b) { return _mm256_div_ps(a, b); }
+inline vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf v_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline vf v_min(vf a, vf b) { return _mm256_min_ps(a, b); }
+inline vf v_abs(vf a) {
+  return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+}
+inline vf v_neg(vf a) { return _mm256_xor_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x80000000u))); }
+inline vf v_copysign(vf mag, vf sgn) {
+  const vf m = _mm256_castsi256_ps(_mm256_set1_epi32(0x80000000u));
+  return _mm256_or_ps(_mm256_andnot_ps(m, mag), _mm256_and_ps(m, sgn));
+}
+inline float v_hsum(vf a) {
+  __m128 lo = _mm256_castps256_ps128(a), hi = _mm256_extractf128_ps(a, 1);
+  __m128 s = _mm_add_ps(lo, hi);
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline vf v_loadf(const float* p) { return _mm256_loadu_ps(p); }
+inline void v_storef(float* p, vf v) { _mm256_storeu_ps(p, v); }
+inline vf v_load_bf16(const uint16_t* p) {
+  __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+inline vf v_round_bf16(vf v) {
+  __m256i u = _mm256_castps_si256(v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  u = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32(0xffff0000u)));
+}
+inline void v_store_bf16(uint16_t* p, vf v) {
+  __m256i r = _mm256_srli_epi32(_mm256_castps_si256(v_round_bf16(v)), 16);
+  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
+  __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  _mm_storeu_si128((__m128i*)p, packed);
+}
+inline vf v_load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+inline __m128i v_f16_bits(vf v) {
+  return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline void v_store_f16(uint16_t* p, vf v) { _mm_storeu_si128((__m128i*)p, v_f16_bits(v)); }
+inline vf v_round_f16(vf v) { return _mm256_cvtph_ps(v_f16_bits(v)); }
+inline vf v_pow2i(vf n) {
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_castsi256_ps(e);
+}
+inline vf v_roundint(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+#endif
+
+// ---------------------------------------------------------------- element types
+struct F32 {
+  using T = float;
+  static inline vf load(const T* p) { return v_loadf(p); }
+  static inline void store(T* p, vf v) { v_storef(p, v); }
+  static inline vf round(vf v) { return v; }
+};
+struct BF16 {
+  using T = uint16_t;
+  static inline vf load(const T* p) { return v_load_bf16(p); }
+  static inline void store(T* p, vf v) { v_store_bf16(p, v); }
+  static inline vf round(vf v) { return v_round_bf16(v); }
+};
+struct F16 {
+  using T = uint16_t;
+  static inline vf load(const T* p) { return v_load_f16(p); }
+  static inline void store(T* p, vf v) { v_store_f16(p, v); }
+  static inline vf round(vf v) { return v_round_f16(v); }
+};
+
+// Load / store n < W elements through a zero-padded buffer, so tails run the same
+// vector arithmetic as full vectors.
+template <class E>
+inline vf load_n(const typename E::T* p, int64_t n) {
+  alignas(64) typename E::T buf[W] = {};
+  for (int64_t i = 0; i < n; ++i) buf[i] = p[i];
+  return E::load(buf);
+}
+template <class E>
+inline void store_n(typename E::T* p, vf v, int64_t n) {
+  alignas(64) typename E::T buf[W];
+  E::store(buf, v);
+  for (int64_t i = 0; i < n; ++i) p[i] = buf[i];
+}
+template <class E>
+inline vf load_any(const typename E::T* p, int64_t n) {
+  return n >= W ? E::load(p) : load_n<E>(p, n);
+}
+template <class E>
+inline void store_any(typename E::T* p, vf v, int64_t n) {
+  if (n >= W)
+    E::store(p, v);
+  else
+    store_n<E>(p, v, n);
+}
+
+// ---------------------------------------------------------------- math
+// exp(x): Cody-Waite range reduction and a degree-6 polynomial; < 2 ulp on
+// [-87.3, 88.7], +inf above, 0 below.
+inline vf v_exp(vf x) {
+  const vf hi = v_set1(88.72283935546875f), lo = v_set1(-87.33654022216797f);
+  vf xc = v_min(v_max(x, lo), hi);
+  vf n = v_roundint(v_mul(xc, v_set1(1.44269504088896341f)));
+  vf r = v_fma(n, v_set1(-0.693359375f), xc);
+  r = v_fma(n, v_set1(2.12194440e-4f), r);
+  vf p = v_set1(1.9875691500e-4f);
+  p = v_fma(p, r, v_set1(1.3981999507e-3f));
+  p = v_fma(p, r, v_set1(8.3334519073e-3f));
+  p = v_fma(p, r, v_set1(4.1665795894e-2f));
+  p = v_fma(p, r, v_set1(1.6666665459e-1f));
+  p = v_fma(p, r, v_set1(5.0000001201e-1f));
+  vf r2 = v_mul(r, r);
+  p = v_fma(p, r2, v_add(r, v_set1(1.0f)));
+  // 2^n split in two factors so n = 128 (x near 88.7) does not overflow the exponent
+  vf n1 = v_roundint(v_mul(n, v_set1(0.5f)));
+  vf res = v_mul(v_mul(p, v_pow2i(n1)), v_pow2i(v_sub(n, n1)));
+#if defined(VX_AVX512)
+  __mmask16 over = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ);
+  __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  res = _mm512_mask_blend_ps(over, res, v_set1(__builtin_inff()));
+  res = _mm512_mask_blend_ps(under, res, v_zero());
+  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  res = _mm512_mask_blend_ps(nan, res, x);
+#else
+  res = _mm256_blendv_ps(res, v_set1(__builtin_inff()), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+  res = _mm256_blendv_ps(res, v_zero(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+  res = _mm256_blendv_ps(res, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+#endif
+  return res;
+}
+
+// erfc(a) for a >= 0: Abramowitz & Stegun 7.1.26, t * P(t) * exp(-a^2), t = 1/(1+p a);
+// absolute error below 1.5e-7. Used as erfc directly (no 1 - erf cancellation).
+inline vf v_erfc_pos(vf a) {
+  vf t = v_div(v_set1(1.0f), v_fma(v_set1(0.3275911f), a, v_set1(1.0f)));
+  vf p = v_set1(1.061405429f);
+  p = v_fma(p, t, v_set1(-1.453152027f));
+  p = v_fma(p, t, v_set1(1.421413741f));
+  p = v_fma(p, t, v_set1(-0.284496736f));
+  p = v_fma(p, t, v_set1(0.254829592f));
+  return v_mul(v_mul(p, t), v_exp(v_neg(v_mul(a, a))));
+}
+
+// tanh(x) = sign(x) * (1 - 2 / (exp(2|x|) + 1)), |error| < 3e-7 absolute
+inline vf v_tanh(vf x) {
+  vf e = v_exp(v_mul(v_set1(2.0f), v_abs(x)));
+  vf t = v_sub(v_set1(1.0f), v_div(v_set1(2.0f), v_add(e, v_set1(1.0f))));
+  return v_copysign(t, x);
+}
+
+inline vf v_silu(vf a) { return v_div(a, v_add(v_set1(1.0f), v_exp(v_neg(a)))); }
+// gelu(a) = a/2 * (1 + erf(a/sqrt2)) = a/2 * (a >= 0 ? 2 - erfc(|x|) : erfc(|x|))
+inline vf v_gelu_erf(vf a) {
+  vf e = v_erfc_pos(v_abs(v_mul(a, v_set1(0.70710678118654752f))));
+#if defined(VX_AVX512)
+  vf one_plus_erf = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, v_zero(), _CMP_GE_OQ), e,
+                                         v_sub(v_set1(2.0f), e));
+#else
+  vf one_plus_erf =
+      _mm256_blendv_ps(e, v_sub(v_set1(2.0f), e), _mm256_cmp_ps(a, v_zero(), _CMP_GE_OQ));
+#endif
+  return v_mul(v_mul(a, v_set1(0.5f)), one_plus_erf);
+}
+inline vf v_gelu_tanh(vf a) {
+  vf a3 = v_mul(v_mul(a, a), a);
+  vf inner = v_mul(v_set1(0.7978845608028654f), v_add(a, v_mul(v_set1(0.044715f), a3)));
+  return v_mul(v_mul(a, v_set1(0.5f)), v_add(v_set1(1.0f), v_tanh(inner)));
+}
+
+// ---------------------------------------------------------------- RMSNorm
+// Sum of a float row in exactly the order torch 2.13 sums a contiguous row on CPU
+// (ATen SumKernel: 8-lane vectors, four interleaved accumulators, a four-level
+// cascade of 16-vector blocks, then the scalar tail and the lanes in order). The
+// reference's `x.pow(2).mean(-1)` is that sum divided by n; matching it bit for bit
+// makes RMSNorm's result identical to the reference's, not just close.
+// tests/unit/test_ops.py checks this against torch itself.
+constexpr int kTorchLanes = 8;
+
+inline int64_t torch_ceil_log2(int64_t x) {
+  if (x <= 2) return 1;
+  return 64 - __builtin_clzll(static_cast<unsigned long long>(x - 1));
+}
+
+// 8 elements as floats (every ISA here has 256-bit AVX2 vectors)
+template <class E>
+inline __m256 load8(const typename E::T* p);
+template <>
+inline __m256 load8<F32>(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+template <>
+inline __m256 load8<BF16>(const uint16_t* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+template <>
+inline __m256 load8<F16>(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+}
+template <class E>
+inline float to_float(typename E::T v);
+template <>
+inline float to_float<F32>(float v) {
+  return v;
+}
+template <>
+inline float to_float<BF16>(uint16_t v) {
+  return __builtin_bit_cast(float, static_cast<uint32_t>(v) << 16);
+}
+template <>
+inline float to_float<F16>(uint16_t v) {
+  return _cvtsh_ss(v);
+}
+template <class E>
+inline __m256 sq8(const typename E::T* p) {
+  __m256 v = load8<E>(p);
+  return _mm256_mul_ps(v, v);
+}
+
+// sum(x[i]^2) over a row, each square rounded to float, added in the order torch 2.13
+// sums a contiguous float row on CPU (ATen SumKernel: 8-lane vectors, four interleaved
+// accumulators, a four-level cascade over blocks of 16, then the scalar tail and the
+// lanes in order). The reference's `x.pow(2).mean(-1)` is that sum divided by n, so
+// RMSNorm's result is identical to the reference's, not only close.
+// tests/unit/test_ops.py checks it against torch itself.
+template <class E>
+inline float sum_squares(const typename E::T* x, int64_t n) {
+  constexpr int L = kTorchLanes;
+  constexpr int ilp = 4;
+  if (n < L) {  // ATen's scalar path: four interleaved accumulators
+    float acc[ilp] = {0.f, 0.f, 0.f, 0.f};
+    const int64_t groups = n / ilp;
+    for (int64_t i = 0; i < groups; ++i)
+      for (int k = 0; k < ilp; ++k) {
+        float v = to_float<E>(x[i * ilp + k]);
+        acc[k] += v * v;
+      }
+    for (int64_t i = groups * ilp; i < n; ++i) {
+      float v = to_float<E>(x[i]);
+      acc[0] += v * v;
+    }
+    for (int k = 1; k < ilp; ++k) acc[0] += acc[k];
+    return acc[0];
+  }
+  const int64_t vec_size = n / L;
+  const int64_t size = vec_size / ilp;  // groups of ilp vectors
+  const int64_t lp_raw = torch_ceil_log2(size) / 4;
+  const int64_t level_power = lp_raw > 4 ? lp_raw : 4;
+  const int64_t level_step = int64_t{1} << level_power;
+  const int64_t level_mask = level_step - 1;
+  __m256 a0[ilp], a1[ilp], a2[ilp], a3[ilp];
+  for (int k = 0; k < ilp; ++k)
+    a0[k] = a1[k] = a2[k] = a3[k] = _mm256_setzero_ps();
+  int64_t i = 0;
+  while (i + level_step <= size) {
+    for (int64_t j = 0; j < level_step; ++j, ++i)
+      for (int k = 0; k < ilp; ++k) a0[k] = _mm256_add_ps(a0[k], sq8<E>(x + (i * ilp + k) * L));
+    for (int k = 0; k < ilp; ++k) {
+      a1[k] = _mm256_add_ps(a1[k], a0[k]);
+      a0[k] = _mm256_setzero_ps();
+    }
+    if ((i & (level_mask << level_power)) != 0) continue;
+    for (int k = 0; k < ilp; ++k) {
+      a2[k] = _mm256_add_ps(a2[k], a1[k]);
+      a1[k] = _mm256_setzero_ps();
+    }
+    if ((i & (level_mask << (2 * level_power))) != 0) continue;
+    for (int k = 0; k < ilp; ++k) {
+      a3[k] = _mm256_add_ps(a3[k], a2[k]);
+      a2[k] = _mm256_setzero_ps();
+    }
+  }
+  for (; i < size; ++i)
+    for (int k = 0; k < ilp; ++k) a0[k] = _mm256_add_ps(a0[k], sq8<E>(x + (i * ilp + k) * L));
+  for (int k = 0; k < ilp; ++k) {
+    a0[k] = _mm256_add_ps(a0[k], a1[k]);
+    a0[k] = _mm256_add_ps(a0[k], a2[k]);
+    a0[k] = _mm256_add_ps(a0[k], a3[k]);
+  }
+  // remaining whole vectors go to the first accumulator, then the four are combined
+  for (int64_t r = size * ilp; r < vec_size; ++r) a0[0] = _mm256_add_ps(a0[0], sq8<E>(x + r * L));
+  for (int k = 1; k < ilp; ++k) a0[0] = _mm256_add_ps(a0[0], a0[k]);
+  float total = 0.f;
+  for (int64_t r = vec_size * L; r < n; ++r) {
+    float v = to_float<E>(x[r]);
+    total += v * v;
+  }
+  alignas(32) float lanes[L];
+  _mm256_store_ps(lanes, a0[0]);
+  for (int l = 0; l < L; ++l) total += lanes[l];
+  return total;
+}
+
+inline float inv_rms(float sum_sq, int64_t n, float eps) {
+  float var = sum_sq / static_cast<float>(n);
+  return 1.0f / __builtin_sqrtf(var + eps);
+}
+
+// y = round(x * inv) [* w, rounded]: the reference's `x.to(weight.dtype) * weight`
+template <class E>
+inline vf norm_scale(vf x, vf inv, const typename E::T* w, int64_t j, int64_t n) {
+  vf y = v_mul(x, inv);
+  if (w != nullptr) y = v_mul(E::round(y), load_any<E>(w + j, n - j));
+  return y;
+}
+
+template <class E>
+void rms_norm_rows(void* out_, Rows2 o, const void* x_, Rows2 xr, const void* w_,
+                   int64_t hidden, float eps, int64_t rb, int64_t re, float* scratch) {
+  using T = typename E::T;
+  T* out = static_cast<T*>(out_);
+  const T* x = static_cast<const T*>(x_);
+  const T* w = static_cast<const T*>(w_);
+  for (int64_t r = rb; r < re; ++r) {
+    const T* xp = x + (r / xr.n1) * xr.s0 + (r % xr.n1) * xr.s1;
+    T* op = out + (r / o.n1) * o.s0 + (r % o.n1) * o.s1;
+    vf inv = v_set1(inv_rms(sum_squares<E>(xp, hidden), hidden, eps));
+    for (int64_t j = 0; j < hidden; j += W) {
+      int64_t n = hidden - j;
+      store_any<E>(op + j, norm_scale<E>(load_any<E>(xp + j, n), inv, w, j, hidden), n);
+    }
+  }
+}
+
+template <class E>
+void fused_add_rms_norm_rows(void* x_, int64_t xs, void* r_, int64_t rs, const void* w_,
+                             int64_t hidden, float eps, int64_t rb, int64_t re,
+                             float* scratch) {
+  using T = typename E::T;
+  T* x = static_cast<T*>(x_);
+  T* res = static_cast<T*>(r_);
+  const T* w = static_cast<const T*>(w_);
+  for (int64_t r = rb; r < re; ++r) {
+    T* xp = x + r * xs;
+    T* rp = res + r * rs;
+    for (int64_t j = 0; j < hidden; j += W) {
+      int64_t n = hidden - j;
+      vf s = v_add(load_any<E>(xp + j, n), load_any<E>(rp + j, n));
+      store_any<E>(rp + j, s, n);
+      store_any<F32>(scratch + j, s, n);
+    }
+    vf inv = v_set1(inv_rms(sum_squares<F32>(scratch, hidden), hidden, eps));
+    for (int64_t j = 0; j < hidden; j += W) {
+      int64_t n = hidden - j;
+      vf s = n >= W ? v_loadf(scratch + j) : load_n<F32>(scratch + j, n);
+      store_any<E>(xp + j, norm_scale<E>(s, inv, w, j, hidden), n);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- RoPE
+template <class A, class B>
+struct same_type {
+  static constexpr bool value = false;
+};
+template <class A>
+struct same_type<A, A> {
+  static constexpr bool value = true;
+};
+// cos/sin as the reference uses them: converted to the query's dtype
+template <class E, class C>
+inline vf cache_load(const typename C::T* p, int64_t n) {
+  vf v = load_any<C>(p, n);
+  return same_type<E, C>::value ? v : E::round(v);
+}
+// One head, in place: neox rotates halves (x[j], x[j + rot/2]); gptj rotates pairs
+// (x[2i], x[2i+1]). o1 = R(R(x1 c) - R(x2 s)), o2 = R(R(x2 c) + R(x1 s)).
+template <class E, class C>
+inline void rope_head(typename E::T* x, const typename C::T* cs, int rot, bool neox) {
+  const int half = rot / 2;
+  const typename C::T* cosp = cs;
+  const typename C::T* sinp = cs + half;
+  if (neox) {
+    for (int j = 0; j < half; j += W) {
+      int64_t n = half - j;
+      vf c = cache_load<E, C>(cosp + j, n);
+      vf s = cache_load<E, C>(sinp + j, n);
+      vf x1 = load_any<E>(x + j, n), x2 = load_any<E>(x + half + j, n);
+      vf o1 = v_sub(E::round(v_mul(x1, c)), E::round(v_mul(x2, s)));
+      vf o2 = v_add(E::round(v_mul(x2, c)), E::round(v_mul(x1, s)));
+      store_any<E>(x + j, o1, n);
+      store_any<E>(x + half + j, o2, n);
+    }
+    return;
+  }
+  alignas(64) typename E::T b1[W], b2[W];
+  for (int j = 0; j < half; j += W) {
+    int n = half - j < W ? half - j : W;
+    for (int i = 0; i < n; ++i) {
+      b1[i] = x[2 * (j + i)];
+      b2[i] = x[2 * (j + i) + 1];
+    }
+    vf c = cache_load<E, C>(cosp + j, n);
+    vf s = cache_load<E, C>(sinp + j, n);
+    vf x1 = load_any<E>(b1, n), x2 = load_any<E>(b2, n);
+    vf o1 = v_sub(E::round(v_mul(x1, c)), E::round(v_mul(x2, s)));
+    vf o2 = v_add(E::round(v_mul(x2, c)), E::round(v_mul(x1, s)));
+    store_any<E>(b1, o1, n);
+    store_any<E>(b2, o2, n);
+    for (int i = 0; i < n; ++i) {
+      x[2 * (j + i)] = b1[i];
+      x[2 * (j + i) + 1] = b2[i];
+    }
+  }
+}
+
+template <class E, class C>
+void rotary_tokens(const int64_t* pos, void* q_, int64_t qs, int nq, void* k_, int64_t ks,
+                   int nk, int head, int rot, bool neox, const void* cache_, int64_t cache_s,
+                   int64_t tb, int64_t te) {
+  using T = typename E::T;
+  T* q = static_cast<T*>(q_);
+  T* k = static_cast<T*>(k_);
+  const typename C::T* cache = static_cast<const typename C::T*>(cache_);
+  for (int64_t t = tb; t < te; ++t) {
+    const typename C::T* cs = cache + pos[t] * cache_s;
+    for (int h = 0; h < nq; ++h) rope_head<E, C>(q + t * qs + h * head, cs, rot, neox);
+    if (k != nullptr)
+      for (int h = 0; h < nk; ++h) rope_head<E, C>(k + t * ks + h * head, cs, rot, neox);
+  }
+}
+
+// ---------------------------------------------------------------- activations
+template <class E, int ACT>
+void act_and_mul_rows(void* out_, int64_t os, const void* x_, int64_t xs, int64_t d,
+                      int64_t rb, int64_t re) {
+  using T = typename E::T;
+  T* out = static_cast<T*>(out_);
+  const T* x = static_cast<const T*>(x_);
+  for (int64_t r = rb; r < re; ++r) {
+    const T* a = x + r * xs;
+    const T* b = a + d;
+    T* o = out + r * os;
+    for (int64_t j = 0; j < d; j += W) {
+      int64_t n = d - j;
+      vf av = load_any<E>(a + j, n);
+      vf y = ACT == 0 ? v_silu(av) : ACT == 1 ? v_gelu_erf(av) : v_gelu_tanh(av);
+      store_any<E>(o + j, v_mul(E::round(y), load_any<E>(b + j, n)), n);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- split + norm + rope
+template <class E, class C>
+void split_norm_rope_neox_tokens(void* q_out_, void* k_out_, void* v_out_, const void* qkv_,
+                                 int64_t qkv_s, const int64_t* pos, const void* qw_,
+                                 const void* kw_, const void* cache_, int64_t cache_s, int nq,
+                                 int nk, int head, int rot, float eps, int64_t tb,
+                                 int64_t te, float* scratch) {
+  using T = typename E::T;
+  T* q_out = static_cast<T*>(q_out_);
+  T* k_out = static_cast<T*>(k_out_);
+  T* v_out = static_cast<T*>(v_out_);
+  const T* qkv = static_cast<const T*>(qkv_);
+  const T* qw = static_cast<const T*>(qw_);
+  const T* kw = static_cast<const T*>(kw_);
+  const typename C::T* cache = static_cast<const typename C::T*>(cache_);
+  for (int64_t t = tb; t < te; ++t) {
+    const T* row = qkv + t * qkv_s;
+    const typename C::T* cs = cache + pos[t] * cache_s;
+    for (int h = 0; h < nq + nk; ++h) {
+      const bool is_q = h < nq;
+      const T* src = row + static_cast<int64_t>(h) * head;
+      T* dst = is_q ? q_out + (t * nq + h) * head : k_out + (t * nk + (h - nq)) * head;
+      const T* w = is_q ? qw : kw;
+      // the same RMSNorm as rms_norm_rows (same reduction), written rounded to E
+      vf inv = v_set1(inv_rms(sum_squares<E>(src, head), head, eps));
+      for (int64_t j = 0; j < head; j += W) {
+        int64_t n = head - j;
+        store_any<E>(dst + j, norm_scale<E>(load_any<E>(src + j, n), inv, w, j, head), n);
+      }
+      rope_head<E, C>(dst, cs, rot, true);
+    }
+    const T* v = row + static_cast<int64_t>(nq + nk) * head;
+    T* vo = v_out + t * nk * head;
+    for (int64_t j = 0; j < static_cast<int64_t>(nk) * head; ++j) vo[j] = v[j];
+  }
+}
+
+// ---------------------------------------------------------------- dtype dispatch
+#define VX_DISPATCH_DT(dt, E, ...)  \
+  switch (dt) {                     \
+    case kF32: {                    \
+      using E = F32;                \
+      __VA_ARGS__;                  \
+      break;                        \
+    }                               \
+    case kBF16: {                   \
+      using E = BF16;               \
+      __VA_ARGS__;                  \
+      break;                        \
+    }                               \
+    default: {                      \
+      using E = F16;                \
+      __VA_ARGS__;                  \
+      break;                        \
+    }                               \
+  }
+
+void k_rms_norm(int dt, void* out, Rows2 o, const void* x, Rows2 xr, const void* w,
+                int64_t hidden, float eps, int64_t rb, int64_t re, float* scratch) {
+  VX_DISPATCH_DT(dt, E, rms_norm_rows<E>(out, o, x, xr, w, hidden, eps, rb, re, scratch));
+}
+
+void k_fused_add_rms_norm(int dt, void* x, int64_t xs, void* r, int64_t rs, const void* w,
+                          int64_t hidden, float eps, int64_t rb, int64_t re, float* scratch) {
+  VX_DISPATCH_DT(dt, E,
+                 fused_add_rms_norm_rows<E>(x, xs, r, rs, w, hidden, eps, rb, re, scratch));
+}
+
+void k_rotary(int dt, int cdt, const int64_t* pos, void* q, int64_t qs, int nq, void* k,
+              int64_t ks, int nk, int head, int rot, bool neox, const void* cache,
+              int64_t cache_s, int64_t tb, int64_t te) {
+  VX_DISPATCH_DT(dt, E,
+                 VX_DISPATCH_DT(cdt, C,
+                                rotary_tokens<E, C>(pos, q, qs, nq, k, ks, nk, head, rot,
+                                                    neox, cache, cache_s, tb, te)));
+}
+
+void k_act_and_mul(int dt, int act, void* out, int64_t os, const void* x, int64_t xs,
+                   int64_t d, int64_t rb, int64_t re) {
+  if (act == 0) {
+    VX_DISPATCH_DT(dt, E, act_and_mul_rows<E, 0>(out, os, x, xs, d, rb, re));
+  } else if (act == 1) {
+    VX_DISPATCH_DT(dt, E, act_and_mul_rows<E, 1>(out, os, x, xs, d, rb, re));
+  } else {
+    VX_DISPATCH_DT(dt, E, act_and_mul_rows<E, 2>(out, os, x, xs, d, rb, re));
+  }
+}
+
+void k_split_norm_rope_neox(int dt, int cdt, void* q_out, void* k_out, void* v_out,
+                            const void* qkv, int64_t qkv_s, const int64_t* pos, const void* qw,
+                            const void* kw, const void* cache, int64_t cache_s, int nq, int nk,
+                            int head, int rot, float eps, int64_t tb, int64_t te,
+                            float* scratch) {
+  VX_DISPATCH_DT(dt, E,
+                 VX_DISPATCH_DT(cdt, C,
+                                split_norm_rope_neox_tokens<E, C>(
+                                    q_out, k_out, v_out, qkv, qkv_s, pos, qw, kw, cache,
+                                    cache_s, nq, nk, head, rot, eps, tb, te, scratch)));
+}
+
+#undef VX_DISPATCH_DT
+
+}  // namespace
+
+const KernelTable table = {
+    VX_ISA_NAME,          k_rms_norm, k_fused_add_rms_norm, k_rotary, k_act_and_mul,
+    k_split_norm_rope_neox,
+};

@@ -1,0 +1,313 @@
+// Torch-facing ops of vllm-x86: argument checks, work split over threads, and the
+// call into the kernel table of the ISA picked at run time. Built for the baseline
+// x86-64 ISA, so loading the library never needs more than the machine has.
+#include <ATen/Parallel.h>
+#include <torch/all.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+#include "ops.h"
+
+namespace vllm_x86 {
+
+namespace {
+
+bool cpu_has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+bool cpu_has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         cpu_has_avx2();
+}
+bool cpu_has_avx512bf16() {
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
+const KernelTable* best_table() {
+  if (cpu_has_avx512bf16()) return &avx512bf16::table;
+  if (cpu_has_avx512()) return &avx512::table;
+  if (cpu_has_avx2()) return &avx2::table;
+  return nullptr;
+}
+
+const KernelTable* g_table = best_table();
+
+const KernelTable& table() {
+  TORCH_CHECK(g_table != nullptr,
+              "vllm-x86 kernels need AVX2, FMA and F16C; this CPU lacks them");
+  return *g_table;
+}
+
+int dtype_code(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return kF32;
+    case at::kBFloat16:
+      return kBF16;
+    case at::kHalf:
+      return kF16;
+    default:
+      TORCH_CHECK(false, "vllm-x86: ", what, " must be float32, bfloat16 or float16, got ",
+                  t.scalar_type());
+  }
+  return kF32;
+}
+
+// Rows of a tensor normalised over its last (contiguous) dimension, as (n0, n1)
+// with strides (s0, s1); leading dimensions that can be merged are merged.
+Rows2 rows_of(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.dim() >= 1, "vllm-x86: ", what, " must have at least one dimension");
+  TORCH_CHECK(t.stride(-1) == 1, "vllm-x86: ", what, " must be contiguous in its last dimension");
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end() - 1);
+  std::vector<int64_t> strides(t.strides().begin(), t.strides().end() - 1);
+  // merge mergeable neighbours, outermost first
+  std::vector<int64_t> ms, mt;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 1) continue;
+    if (!ms.empty() && mt.back() == strides[i] * sizes[i]) {
+      ms.back() *= sizes[i];
+      mt.back() = strides[i];
+    } else {
+      ms.push_back(sizes[i]);
+      mt.push_back(strides[i]);
+    }
+  }
+  TORCH_CHECK(ms.size() <= 2, "vllm-x86: ", what,
+              " has a layout the kernels do not handle (more than two non-mergeable "
+              "leading dimensions)");
+  if (ms.empty()) return {1, 1, 0, 0};
+  if (ms.size() == 1) return {ms[0], 1, mt[0], 0};
+  return {ms[0], ms[1], mt[0], mt[1]};
+}
+
+// Per-thread float scratch of at least n elements (rows are at most a few 10k).
+float* scratch_for(int64_t n) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
+int64_t grain_for(int64_t work_per_item) {
+  constexpr int64_t kMinWork = 16384;  // elements per task, below that threads cost more
+  return std::max<int64_t>(1, kMinWork / std::max<int64_t>(1, work_per_item));
+}
+
+void check_weight(const std::optional<at::Tensor>& weight, const at::Tensor& x, int64_t hidden,
+                  const char* op) {
+  if (!weight.has_value()) return;
+  TORCH_CHECK(weight->is_contiguous() && weight->numel() == hidden, "vllm-x86 ", op,
+              ": weight must be contiguous with ", hidden, " elements");
+  TORCH_CHECK(weight->scalar_type() == x.scalar_type(), "vllm-x86 ", op,
+              ": weight dtype must equal the input dtype");
+}
+
+}  // namespace
+
+std::string isa() { return g_table ? g_table->name : "none"; }
+
+std::vector<std::string> available_isas() {
+  std::vector<std::string> out;
+  if (cpu_has_avx2()) out.push_back(avx2::table.name);
+  if (cpu_has_avx512()) out.push_back(avx512::table.name);
+  if (cpu_has_avx512bf16()) out.push_back(avx512bf16::table.name);
+  return out;
+}
+
+void set_isa(const std::string& name) {
+  if (name == "auto" || name.empty()) {
+    g_table = best_table();
+    return;
+  }
+  const KernelTable* want = nullptr;
+  bool ok = false;
+  if (name == avx2::table.name) want = &avx2::table, ok = cpu_has_avx2();
+  if (name == avx512::table.name) want = &avx512::table, ok = cpu_has_avx512();
+  if (name == avx512bf16::table.name) want = &avx512bf16::table, ok = cpu_has_avx512bf16();
+  TORCH_CHECK(want != nullptr, "vllm-x86: unknown ISA '", name,
+              "' (choose auto, avx2, avx512 or avx512_bf16)");
+  TORCH_CHECK(ok, "vllm-x86: this CPU cannot run the ", name, " kernels");
+  g_table = want;
+}
+
+void rms_norm(at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+              double epsilon) {
+  const int dt = dtype_code(input, "rms_norm input");
+  TORCH_CHECK(out.sizes() == input.sizes() && out.scalar_type() == input.scalar_type(),
+              "vllm-x86 rms_norm: out must match input in shape and dtype");
+  const int64_t hidden = input.size(-1);
+  check_weight(weight, input, hidden, "rms_norm");
+  Rows2 xr = rows_of(input, "rms_norm input");
+  Rows2 orow = rows_of(out, "rms_norm out");
+  TORCH_CHECK(xr.n0 * xr.n1 == orow.n0 * orow.n1,
+              "vllm-x86 rms_norm: out and input must have the same number of rows");
+  const void* w = weight.has_value() ? weight->data_ptr() : nullptr;
+  const int64_t rows = xr.n0 * xr.n1;
+  const auto& k = table();
+  void* o = out.data_ptr();
+  const void* x = input.data_ptr();
+  const float eps = static_cast<float>(epsilon);
+  at::parallel_for(0, rows, grain_for(hidden), [&](int64_t b, int64_t e) {
+    k.rms_norm(dt, o, orow, x, xr, w, hidden, eps, b, e, scratch_for(hidden));
+  });
+}
+
+void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual,
+                        const std::optional<at::Tensor>& weight, double epsilon) {
+  const int dt = dtype_code(input, "fused_add_rms_norm input");
+  TORCH_CHECK(residual.sizes() == input.sizes() && residual.scalar_type() == input.scalar_type(),
+              "vllm-x86 fused_add_rms_norm: residual must match input in shape and dtype");
+  const int64_t hidden = input.size(-1);
+  check_weight(weight, input, hidden, "fused_add_rms_norm");
+  Rows2 xr = rows_of(input, "fused_add_rms_norm input");
+  Rows2 rr = rows_of(residual, "fused_add_rms_norm residual");
+  TORCH_CHECK(xr.n1 == 1 && rr.n1 == 1,
+              "vllm-x86 fused_add_rms_norm: input and residual must be 2-D row layouts");
+  const void* w = weight.has_value() ? weight->data_ptr() : nullptr;
+  const auto& k = table();
+  void* x = input.data_ptr();
+  void* r = residual.data_ptr();
+  const float eps = static_cast<float>(epsilon);
+  at::parallel_for(0, xr.n0, grain_for(hidden), [&](int64_t b, int64_t e) {
+    k.fused_add_rms_norm(dt, x, xr.s0, r, rr.s0, w, hidden, eps, b, e,
+                         scratch_for(2 * hidden));
+  });
+}
+
+namespace {
+struct HeadRows {
+  int64_t row_stride;
+  int heads;
+};
+HeadRows head_rows(const at::Tensor& t, int64_t tokens, int64_t head_size, const char* what) {
+  TORCH_CHECK(t.dim() == 2 || t.dim() == 3, "vllm-x86 rotary_embedding: ", what,
+              " must be [tokens, heads * head_size] or [tokens, heads, head_size]");
+  TORCH_CHECK(t.size(0) == tokens, "vllm-x86 rotary_embedding: ", what,
+              " has a different number of tokens than positions");
+  if (t.dim() == 2) {
+    TORCH_CHECK(t.stride(1) == 1 && t.size(1) % head_size == 0, "vllm-x86 rotary_embedding: ",
+                what, " rows must be contiguous whole heads");
+    return {t.stride(0), static_cast<int>(t.size(1) / head_size)};
+  }
+  TORCH_CHECK(t.size(2) == head_size && t.stride(2) == 1 && t.stride(1) == head_size,
+              "vllm-x86 rotary_embedding: ", what, " heads must be contiguous");
+  return {t.stride(0), static_cast<int>(t.size(1))};
+}
+}  // namespace
+
+void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
+                      const std::optional<at::Tensor>& key, int64_t head_size,
+                      const at::Tensor& cos_sin_cache, bool is_neox) {
+  const int dt = dtype_code(query, "rotary_embedding query");
+  const int cdt = dtype_code(cos_sin_cache, "rotary_embedding cos_sin_cache");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous(),
+              "vllm-x86 rotary_embedding: positions must be contiguous int64");
+  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.stride(1) == 1,
+              "vllm-x86 rotary_embedding: cos_sin_cache must be [max_position, rotary_dim]");
+  const int64_t tokens = positions.numel();
+  const int rot = static_cast<int>(cos_sin_cache.size(1));
+  TORCH_CHECK(rot % 2 == 0 && rot <= head_size,
+              "vllm-x86 rotary_embedding: rotary_dim must be even and <= head_size");
+  HeadRows q = head_rows(query, tokens, head_size, "query");
+  HeadRows kk{0, 0};
+  void* kp = nullptr;
+  if (key.has_value()) {
+    TORCH_CHECK(key->scalar_type() == query.scalar_type(),
+                "vllm-x86 rotary_embedding: key and query dtypes differ");
+    kk = head_rows(*key, tokens, head_size, "key");
+    kp = key->data_ptr();
+  }
+  const auto& k = table();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  void* qp = query.data_ptr();
+  const void* cache = cos_sin_cache.data_ptr();
+  const int64_t cs = cos_sin_cache.stride(0);
+  const int heads = q.heads + kk.heads;
+  at::parallel_for(0, tokens, grain_for(heads * rot), [&](int64_t b, int64_t e) {
+    k.rotary_embedding(dt, cdt, pos, qp, q.row_stride, q.heads, kp, kk.row_stride, kk.heads,
+                       static_cast<int>(head_size), rot, is_neox, cache, cs, b, e);
+  });
+}
+
+namespace {
+void act_and_mul(at::Tensor& out, const at::Tensor& input, int act, const char* name) {
+  const int dt = dtype_code(input, name);
+  TORCH_CHECK(out.scalar_type() == input.scalar_type(), "vllm-x86 ", name,
+              ": out dtype must equal input dtype");
+  const int64_t d = input.size(-1) / 2;
+  TORCH_CHECK(input.size(-1) == 2 * d && out.size(-1) == d && out.numel() * 2 == input.numel(),
+              "vllm-x86 ", name, ": input must be [..., 2d] and out [..., d]");
+  Rows2 xr = rows_of(input, name);
+  Rows2 orow = rows_of(out, name);
+  TORCH_CHECK(xr.n1 == 1 && orow.n1 == 1 && xr.n0 == orow.n0, "vllm-x86 ", name,
+              ": input and out must be 2-D row layouts with the same rows");
+  const auto& k = table();
+  void* o = out.data_ptr();
+  const void* x = input.data_ptr();
+  at::parallel_for(0, xr.n0, grain_for(d * 4), [&](int64_t b, int64_t e) {
+    k.act_and_mul(dt, act, o, orow.s0, x, xr.s0, d, b, e);
+  });
+}
+}  // namespace
+
+void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
+  act_and_mul(out, input, 0, "silu_and_mul");
+}
+void gelu_and_mul(at::Tensor& out, const at::Tensor& input) {
+  act_and_mul(out, input, 1, "gelu_and_mul");
+}
+void gelu_tanh_and_mul(at::Tensor& out, const at::Tensor& input) {
+  act_and_mul(out, input, 2, "gelu_tanh_and_mul");
+}
+
+void split_norm_rope_neox(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& v_out,
+                          const at::Tensor& qkv, const at::Tensor& positions,
+                          const at::Tensor& q_weight, const at::Tensor& k_weight,
+                          const at::Tensor& cos_sin_cache, int64_t num_heads,
+                          int64_t num_kv_heads, int64_t head_size, double epsilon) {
+  const int dt = dtype_code(qkv, "split_norm_rope_neox qkv");
+  const int cdt = dtype_code(cos_sin_cache, "split_norm_rope_neox cos_sin_cache");
+  const int64_t tokens = positions.numel();
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous(),
+              "vllm-x86 split_norm_rope_neox: positions must be contiguous int64");
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(0) == tokens &&
+                  qkv.size(1) == (num_heads + 2 * num_kv_heads) * head_size,
+              "vllm-x86 split_norm_rope_neox: qkv must be [tokens, (heads + 2 kv_heads) * "
+              "head_size] with contiguous rows");
+  for (const at::Tensor* t : {&q_out, &k_out, &v_out}) {
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == qkv.scalar_type(),
+                "vllm-x86 split_norm_rope_neox: outputs must be contiguous, in qkv's dtype");
+  }
+  TORCH_CHECK(q_out.numel() == tokens * num_heads * head_size &&
+                  k_out.numel() == tokens * num_kv_heads * head_size &&
+                  v_out.numel() == tokens * num_kv_heads * head_size,
+              "vllm-x86 split_norm_rope_neox: output sizes do not match the heads");
+  check_weight(q_weight, qkv, head_size, "split_norm_rope_neox q_weight");
+  check_weight(k_weight, qkv, head_size, "split_norm_rope_neox k_weight");
+  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.stride(1) == 1 &&
+                  cos_sin_cache.size(1) % 2 == 0 && cos_sin_cache.size(1) <= head_size,
+              "vllm-x86 split_norm_rope_neox: cos_sin_cache must be [max_position, "
+              "rotary_dim] with an even rotary_dim <= head_size");
+  const auto& k = table();
+  const int rot = static_cast<int>(cos_sin_cache.size(1));
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const float eps = static_cast<float>(epsilon);
+  void *qo = q_out.data_ptr(), *ko = k_out.data_ptr(), *vo = v_out.data_ptr();
+  const void *x = qkv.data_ptr(), *qw = q_weight.data_ptr(), *kw = k_weight.data_ptr();
+  const void* cache = cos_sin_cache.data_ptr();
+  const int64_t cs = cos_sin_cache.stride(0), xs = qkv.stride(0);
+  at::parallel_for(0, tokens, grain_for((num_heads + 2 * num_kv_heads) * head_size),
+                   [&](int64_t b, int64_t e) {
+                     k.split_norm_rope_neox(dt, cdt, qo, ko, vo, x, xs, pos, qw, kw, cache, cs,
+                                            static_cast<int>(num_heads),
+                                            static_cast<int>(num_kv_heads),
+                                            static_cast<int>(head_size), rot, eps, b, e,
+                                            scratch_for(head_size));
+                   });
+}
+
+}  // namespace vllm_x86

@@ -1,0 +1,32 @@
+// Declarations of the torch-facing ops (ops.cpp), registered in bindings.cpp.
+#pragma once
+
+#include <torch/all.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace vllm_x86 {
+
+std::string isa();
+std::vector<std::string> available_isas();
+void set_isa(const std::string& name);
+
+void rms_norm(at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+              double epsilon);
+void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual,
+                        const std::optional<at::Tensor>& weight, double epsilon);
+void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
+                      const std::optional<at::Tensor>& key, int64_t head_size,
+                      const at::Tensor& cos_sin_cache, bool is_neox);
+void silu_and_mul(at::Tensor& out, const at::Tensor& input);
+void gelu_and_mul(at::Tensor& out, const at::Tensor& input);
+void gelu_tanh_and_mul(at::Tensor& out, const at::Tensor& input);
+void split_norm_rope_neox(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& v_out,
+                          const at::Tensor& qkv, const at::Tensor& positions,
+                          const at::Tensor& q_weight, const at::Tensor& k_weight,
+                          const at::Tensor& cos_sin_cache, int64_t num_heads,
+                          int64_t num_kv_heads, int64_t head_size, double epsilon);
+
+}  // namespace vllm_x86
