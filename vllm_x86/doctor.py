@@ -58,6 +58,33 @@ def _default_model_kv(mem: hardware.MemoryInfo) -> dict:
     }
 
 
+def _kernels(overrides) -> dict:
+    """Which implementation each row of the op table will use on this machine."""
+    from vllm_x86.ops import kernels
+
+    ok = kernels.available()
+    isa = kernels.isa() if ok else None
+    ops: dict[str, str] = {}
+    for row in overrides:
+        name = row.target.split(":")[-1]
+        if (
+            row.kind == "customop"
+            and name.endswith("RotaryEmbedding")
+            and name != "RotaryEmbedding"
+        ):
+            continue  # the subclasses share RotaryEmbedding's kernel
+        label = {"customop": "CustomOp", "ir": "vLLM IR op", "module": "module"}[row.kind]
+        ops[f"{name} ({label})"] = (
+            f"C++ {isa}" if ok else f"vLLM's reference ({kernels.load_error()})"
+        )
+    return {
+        "library": "built" if ok else f"missing: {kernels.load_error()}",
+        "isa": isa,
+        "available_isas": kernels.available_isas(),
+        "ops": ops,
+    }
+
+
 def collect() -> dict:
     from vllm_x86 import platform_decision
     from vllm_x86.ops.registry import OVERRIDES
@@ -126,7 +153,7 @@ def collect() -> dict:
             "cgroup_limit_gib": round(mem.cgroup_limit / GiB, 2) if mem.cgroup_limit else None,
         },
         "plugin_choices": {"threads": threads, "kv_cache": kv},
-        "op_overrides": sorted({o.vllm_class.split(":")[1] for o in OVERRIDES}),
+        "kernels": _kernels(OVERRIDES),
         "settings": {s.name: envs.get(s.name) for s in envs.SETTINGS},
     }
 
@@ -171,7 +198,12 @@ def render(r: dict) -> str:
         f"  compute threads : CPUs {ch['threads']['cpus']}, reserved "
         f"{ch['threads']['reserved']} ({ch['threads']['source']})",
         f"  KV cache        : {ch['kv_cache']['gib']} GiB ({ch['kv_cache']['source']})",
-        f"  op overrides    : {', '.join(r['op_overrides'])}",
+        "",
+        "Kernels (vllm_x86/ops/registry.py)",
+        f"  library      : {r['kernels']['library']}; ISA in use: {r['kernels']['isa']} "
+        f"(this CPU can run: {', '.join(r['kernels']['available_isas']) or 'none'}; "
+        "VLLM_X86_ISA chooses)",
+        *(f"  {op:<38} -> {path}" for op, path in r["kernels"]["ops"].items()),
         "",
         "Settings (VLLM_X86_*)",
         *(f"  {k}={v}" for k, v in r["settings"].items()),

@@ -44,6 +44,18 @@ SETTINGS: tuple[Setting, ...] = (
         "VLLM_CPU_KVCACHE_SPACE, --kv-cache-memory-bytes or "
         "--gpu-memory-utilization is given.",
     ),
+    Setting(
+        "VLLM_X86_OPS",
+        "1",
+        "0: install none of the plugin's op overrides (ops/registry.py), so vLLM's own "
+        "CPU ops run; platform defaults stay. For kernels-on/off comparisons.",
+    ),
+    Setting(
+        "VLLM_X86_ISA",
+        "auto",
+        "Which build of the plugin's kernels runs: auto (the best this CPU has), "
+        "avx2, avx512 or avx512_bf16. For testing and comparisons.",
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}

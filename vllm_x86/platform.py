@@ -103,6 +103,21 @@ class X86Platform(CpuPlatform):
         return float(mem.total - mem.available)
 
     @classmethod
+    def import_ir_kernels(cls) -> None:
+        super().import_ir_kernels()
+        from vllm_x86.ops import registry
+
+        registry.ir_providers()  # registers the plugin's `x86` IR implementations
+
+    @classmethod
+    def get_default_ir_op_priority(cls, vllm_config):
+        from vllm.config.kernel import IrOpPriorityConfig
+
+        from vllm_x86.ops import registry
+
+        return IrOpPriorityConfig.with_default(["native"], **registry.ir_providers())
+
+    @classmethod
     def validate_environ(cls, hard_fail: bool) -> None:
         # The plugin's own VLLM_X86_* settings are not vLLM's; hide them from the check.
         hidden = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("VLLM_X86_")}

@@ -71,6 +71,15 @@ class X86Worker(CPUWorker):
         )
         self.parallel_config.disable_custom_all_reduce = True
 
+    def load_model(self, *args, **kwargs) -> None:
+        super().load_model(*args, **kwargs)
+        from vllm.config import set_current_vllm_config
+
+        from vllm_x86.ops import registry
+
+        with set_current_vllm_config(self.vllm_config):
+            registry.apply_module_overrides(self.model_runner.get_model())
+
     def determine_available_memory(self) -> int:
         if self._should_warm_up_model():
             self.model_runner.warming_up_model()

@@ -1,13 +1,23 @@
 """THE table of everything the plugin changes in vLLM's compute.
 
-Each row names a vLLM op (a ``CustomOp`` class), the plugin class that replaces it,
-and why. ``register_all()`` installs every row with ``CustomOp.register_oot`` (the
-out-of-tree mechanism vLLM provides for hardware plugins); nothing else in the code
-base registers ops. Reading this file tells you all the plugin does to vLLM's math.
+Every row names what it replaces in vLLM, with what, and why. Reading this file tells
+a newcomer all the plugin does to vLLM's math; nothing else in the code base registers
+or replaces ops. Three kinds of rows, one per mechanism vLLM offers a platform:
 
-Each replacement keeps vLLM's op name, so vLLM's ``--compilation-config
-'{"custom_ops": ["-rotary_embedding"]}'`` switches the plugin's version off exactly as
-it would switch off the stock one.
+- ``customop``: a CustomOp class replaced with ``CustomOp.register_oot`` by a subclass
+  built from vLLM's class and the plugin's mixin (which provides ``forward_cpu``). The
+  subclass keeps vLLM's op name, so ``--compilation-config '{"custom_ops":
+  ["-rotary_embedding"]}'`` switches the plugin's version off as it would the stock one.
+  vLLM runs CustomOps in eager mode; compiled mode leaves them to Inductor unless
+  ``custom_ops`` says otherwise.
+- ``ir``: an implementation of a vLLM IR op, registered under the provider name
+  ``x86``; ``X86Platform.get_default_ir_op_priority`` puts it before ``native``.
+- ``module``: after a model is loaded, every module of the named class has its class
+  switched to a subclass with the plugin's mixin, when ``check`` accepts the module.
+
+Each kernel has a pure-torch reference (ops/reference.py) and tests against it
+(tests/unit/test_ops.py). Where a kernel cannot run, the reference runs and the plugin
+says so once (ops/fallback.py).
 """
 
 from __future__ import annotations
@@ -22,35 +32,100 @@ logger = get_logger("ops")
 
 @dataclass(frozen=True)
 class Override:
-    vllm_class: str  # "module:Class" of the in-tree CustomOp
-    mixin: str  # "module:Class" providing the plugin's forward_cpu
+    kind: str  # "customop" | "ir" | "module"
+    target: str  # vLLM's "module:Class" (customop, module) or IR op name (ir)
+    impl: str  # the plugin's "module:Object"
     why: str
+    check: str | None = None  # module rows: "module:function" -> None or reason not to
 
 
-_ROPE_WHY = (
-    "bit-identical to vLLM's reference (forward_native) in bf16/fp16; stock "
-    "_C.rotary_embedding rounds differently and flips SmolLM2's eager bf16 answer"
-)
-_ROPE_MIXIN = "vllm_x86.ops.rotary_embedding:X86RotaryMixin"
 _ROPE = "vllm.model_executor.layers.rotary_embedding"
+_ROPE_MIXIN = "vllm_x86.ops.rotary_embedding:X86RotaryMixin"
+_ROPE_WHY = (
+    "C++ kernel, bit-identical to vLLM's reference in every dtype; stock "
+    "_C.rotary_embedding rounds differently and flips SmolLM2's eager bf16 answer "
+    "(docs/correctness.md)"
+)
+_QK = "vllm_x86.ops.qwen3_attention"
+_QK_WHY = (
+    "split + q/k RMSNorm + neox RoPE in one kernel (split_norm_rope_neox) where vLLM "
+    "runs a split, two norms and a rotary op"
+)
 
 OVERRIDES: tuple[Override, ...] = (
-    Override(f"{_ROPE}.base:RotaryEmbedding", _ROPE_MIXIN, _ROPE_WHY),
-    # Subclasses that only change the cos/sin cache and inherit forward_cpu.
-    Override(f"{_ROPE}.llama3_rope:Llama3RotaryEmbedding", _ROPE_MIXIN, _ROPE_WHY),
-    Override(f"{_ROPE}.linear_scaling_rope:LinearScalingRotaryEmbedding", _ROPE_MIXIN, _ROPE_WHY),
-    Override(f"{_ROPE}.ntk_scaling_rope:NTKScalingRotaryEmbedding", _ROPE_MIXIN, _ROPE_WHY),
+    # rotary embedding, and the subclasses that only change the cos/sin cache
+    Override("customop", f"{_ROPE}.base:RotaryEmbedding", _ROPE_MIXIN, _ROPE_WHY),
+    Override("customop", f"{_ROPE}.llama3_rope:Llama3RotaryEmbedding", _ROPE_MIXIN, _ROPE_WHY),
     Override(
-        f"{_ROPE}.dynamic_ntk_scaling_rope:DynamicNTKScalingRotaryEmbedding", _ROPE_MIXIN, _ROPE_WHY
+        "customop",
+        f"{_ROPE}.linear_scaling_rope:LinearScalingRotaryEmbedding",
+        _ROPE_MIXIN,
+        _ROPE_WHY,
     ),
     Override(
-        f"{_ROPE}.dynamic_ntk_alpha_rope:DynamicNTKAlphaRotaryEmbedding", _ROPE_MIXIN, _ROPE_WHY
+        "customop", f"{_ROPE}.ntk_scaling_rope:NTKScalingRotaryEmbedding", _ROPE_MIXIN, _ROPE_WHY
     ),
-    Override(f"{_ROPE}.yarn_scaling_rope:YaRNScalingRotaryEmbedding", _ROPE_MIXIN, _ROPE_WHY),
-    Override(f"{_ROPE}.gemma4_rope:Gemma4RotaryEmbedding", _ROPE_MIXIN, _ROPE_WHY),
+    Override(
+        "customop",
+        f"{_ROPE}.dynamic_ntk_scaling_rope:DynamicNTKScalingRotaryEmbedding",
+        _ROPE_MIXIN,
+        _ROPE_WHY,
+    ),
+    Override(
+        "customop",
+        f"{_ROPE}.dynamic_ntk_alpha_rope:DynamicNTKAlphaRotaryEmbedding",
+        _ROPE_MIXIN,
+        _ROPE_WHY,
+    ),
+    Override(
+        "customop", f"{_ROPE}.yarn_scaling_rope:YaRNScalingRotaryEmbedding", _ROPE_MIXIN, _ROPE_WHY
+    ),
+    Override("customop", f"{_ROPE}.gemma4_rope:Gemma4RotaryEmbedding", _ROPE_MIXIN, _ROPE_WHY),
+    # activations: stock vLLM CPU runs PyTorch's separate activation and multiply on x86
+    Override(
+        "customop",
+        "vllm.model_executor.layers.activation:SiluAndMul",
+        "vllm_x86.ops.activation:X86SiluAndMulMixin",
+        "one-pass C++ kernel instead of PyTorch's silu + mul (two passes)",
+    ),
+    Override(
+        "customop",
+        "vllm.model_executor.layers.activation:GeluAndMul",
+        "vllm_x86.ops.activation:X86GeluAndMulMixin",
+        "one-pass C++ kernel (erf and tanh GELU) instead of PyTorch's gelu + mul",
+    ),
+    # RMSNorm: vLLM IR ops; on CPU stock vLLM has only the native (PyTorch) version
+    Override(
+        "ir",
+        "rms_norm",
+        "vllm_x86.ops.layernorm:rms_norm_x86",
+        "C++ kernel: one read to sum squares, one to scale, instead of ~6 PyTorch ops",
+    ),
+    Override(
+        "ir",
+        "fused_add_rms_norm",
+        "vllm_x86.ops.layernorm:fused_add_rms_norm_x86",
+        "C++ kernel: residual add and RMSNorm in place, two passes",
+    ),
+    # Qwen3 / Qwen3-MoE attention prologue
+    Override(
+        "module",
+        "vllm.model_executor.models.qwen3:Qwen3Attention",
+        f"{_QK}:X86QkNormRopeAttentionMixin",
+        _QK_WHY,
+        check=f"{_QK}:fusable",
+    ),
+    Override(
+        "module",
+        "vllm.model_executor.models.qwen3_moe:Qwen3MoeAttention",
+        f"{_QK}:X86QkNormRopeAttentionMixin",
+        _QK_WHY,
+        check=f"{_QK}:fusable",
+    ),
 )
 
 _installed: dict[str, type] = {}
+_module_classes: dict[type, type] = {}
 
 
 def _load(path: str):
@@ -66,20 +141,43 @@ def plugin_is_platform() -> bool:
     return isinstance(current_platform, X86Platform)
 
 
+def ops_enabled() -> bool:
+    """False when VLLM_X86_OPS=0: the user asked for vLLM's own ops."""
+    from vllm_x86 import envs
+
+    if envs.get_bool("VLLM_X86_OPS"):
+        return True
+    global _said_off
+    if not _said_off:
+        _said_off = True
+        logger.info("vllm-x86: op table off (VLLM_X86_OPS=0): vLLM's own CPU ops run")
+    return False
+
+
+_said_off = False
+
+
 def register_all() -> dict[str, type]:
-    """Install every override (idempotent). Only when the plugin is vLLM's platform:
-    with VLLM_X86_DISABLE=1, stock vLLM CPU runs untouched."""
-    if _installed or not plugin_is_platform():
+    """Install the customop and ir rows (idempotent). Only when the plugin is vLLM's
+    platform (with VLLM_X86_DISABLE=1, stock vLLM CPU runs untouched) and the op table
+    is on (VLLM_X86_OPS)."""
+    if _installed or not plugin_is_platform() or not ops_enabled():
         return _installed
     from vllm.model_executor.custom_op import CustomOp, op_registry_oot
 
+    from vllm_x86.ops import kernels, layernorm
+    from vllm_x86.ops.fallback import warn_fallback
+
+    if not kernels.available():
+        warn_fallback("every plugin kernel", kernels.load_error() or "no kernels")
     for row in OVERRIDES:
-        base = _load(row.vllm_class)
-        mixin = _load(row.mixin)
+        if row.kind != "customop":
+            continue
+        base = _load(row.target)
         if base.__name__ in op_registry_oot:
             _installed[base.__name__] = op_registry_oot[base.__name__]
             continue
-        cls = type(f"X86{base.__name__}", (mixin, base), {"__doc__": row.why})
+        cls = type(f"X86{base.__name__}", (_load(row.impl), base), {"__doc__": row.why})
         vllm_name = getattr(base, "name", None)
         CustomOp.register_oot(_decorated_op_cls=cls, name=base.__name__)
         if vllm_name is not None:
@@ -87,5 +185,53 @@ def register_all() -> dict[str, type]:
             # user's custom_ops "+name"/"-name" settings apply to the override too.
             cls.name = vllm_name
         _installed[base.__name__] = cls
+    layernorm.register()
     logger.debug("vllm-x86: installed op overrides: %s", sorted(_installed))
     return _installed
+
+
+def ir_providers() -> dict[str, list[str]]:
+    """IR op -> provider priority the platform should set (empty without kernels)."""
+    from vllm_x86.ops import layernorm
+
+    if not ops_enabled() or not layernorm.register():
+        return {}
+    return {row.target: [layernorm.PROVIDER, "native"] for row in OVERRIDES if row.kind == "ir"}
+
+
+def apply_module_overrides(model) -> dict[str, int]:
+    """Switch the class of matching modules of a loaded model (module rows). Returns
+    how many modules each row changed; logs why a row did not apply."""
+    counts: dict[str, int] = {}
+    if not ops_enabled():
+        return counts
+    rows = [r for r in OVERRIDES if r.kind == "module"]
+    targets = []
+    for row in rows:
+        try:
+            targets.append((row, _load(row.target)))
+        except (ImportError, AttributeError) as e:  # a model file this vLLM lacks
+            logger.debug("vllm-x86: %s not available: %s", row.target, e)
+    if not targets:
+        return counts
+    reasons: dict[str, str] = {}
+    for module in model.modules():
+        for row, base in targets:
+            if type(module) is not base:
+                continue
+            why = _load(row.check)(module) if row.check else None
+            if why is not None:
+                reasons[row.target] = why
+                continue
+            sub = _module_classes.get(base)
+            if sub is None:
+                sub = type(f"X86{base.__name__}", (_load(row.impl), base), {"__doc__": row.why})
+                _module_classes[base] = sub
+            module.__class__ = sub
+            counts[row.target] = counts.get(row.target, 0) + 1
+    for target, n in counts.items():
+        logger.info("vllm-x86: %d %s modules use the fused kernel", n, target.split(":")[1])
+    for target, why in reasons.items():
+        if target not in counts:
+            logger.info("vllm-x86: %s keeps vLLM's code: %s", target.split(":")[1], why)
+    return counts

@@ -15,8 +15,9 @@ where transformers, vLLM compiled and vLLM with the native rotary op all answer
 
 The plugin keeps the reference's rounding so that eager and compiled vLLM, and
 transformers, follow the same trajectory. ``rope_reference`` below is the reference;
-``rope_fast`` is the same arithmetic in fewer tensor ops (it is what runs), and the
-unit tests require the two to agree bit for bit.
+the C++ kernel (csrc, torch.ops.vllm_x86.rotary_embedding) is what runs, and
+``rope_fast`` is the same arithmetic in PyTorch ops for when the kernel cannot run.
+The unit tests require all three to agree bit for bit.
 """
 
 from __future__ import annotations
@@ -104,7 +105,12 @@ def rope_fast(
 
 class X86RotaryMixin:
     """forward_cpu for vLLM's RotaryEmbedding and its subclasses that only change
-    how the cos/sin cache is computed (Llama 3, linear/NTK/YaRN scaling...)."""
+    how the cos/sin cache is computed (Llama 3, linear/NTK/YaRN scaling...).
+
+    Runs the C++ kernel (torch.ops.vllm_x86.rotary_embedding, bit-identical to the
+    reference, in place like vLLM's own CPU op); without the kernel library, or for a
+    layout it does not take, ``rope_fast`` (the same arithmetic in PyTorch ops) runs,
+    with a warning."""
 
     def _x86_table(self, query: torch.Tensor) -> torch.Tensor:
         cache = self._match_cos_sin_cache_dtype(query)
@@ -118,6 +124,23 @@ class X86RotaryMixin:
         return table
 
     def forward_cpu(self, positions, query, key=None):
+        from vllm_x86.ops import kernels
+        from vllm_x86.ops.fallback import warn_fallback
+
+        why = None
+        if not kernels.available():
+            why = kernels.load_error() or "no kernels"
+        elif query.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            why = f"dtype {query.dtype} is not float32/bfloat16/float16"
+        elif query.stride(-1) != 1 or (key is not None and key.stride(-1) != 1):
+            why = "query or key is not contiguous in its last dimension"
+        if why is None:
+            cache = self._match_cos_sin_cache_dtype(query)
+            torch.ops.vllm_x86.rotary_embedding(
+                positions.flatten().long(), query, key, self.head_size, cache, self.is_neox_style
+            )
+            return query, key
+        warn_fallback("rotary_embedding", why)
         return rope_fast(
             positions,
             query,

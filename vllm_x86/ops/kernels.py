@@ -1,0 +1,80 @@
+"""The plugin's C++ kernels (vllm_x86/csrc), as torch ops: torch.ops.vllm_x86.*.
+
+Loading the extension registers the ops; this module adds their fake (meta)
+implementations so torch.compile can trace through them, applies VLLM_X86_ISA, and
+says which ISA runs. The extension is built at install time (`make install`); if it is
+missing, `available()` is False and `load_error()` says why, and the op table falls
+back to vLLM's own implementations with a warning (ops/registry.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+ISA_ENV = "VLLM_X86_ISA"
+
+
+@functools.cache
+def _load():
+    try:
+        from vllm_x86 import _C  # noqa: F401  (registers torch.ops.vllm_x86.*)
+    except ImportError as e:
+        return None, f"the kernel library is not built ({e}); run `make install`"
+    wanted = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
+    _C.set_isa(wanted)  # raises with a clear message for an unknown or unsupported ISA
+    _register_fakes()
+    return _C, None
+
+
+def available() -> bool:
+    return _load()[0] is not None
+
+
+def load_error() -> str | None:
+    return _load()[1]
+
+
+def isa() -> str:
+    lib = _load()[0]
+    return lib.isa() if lib is not None else "none"
+
+
+def available_isas() -> list[str]:
+    lib = _load()[0]
+    return list(lib.available_isas()) if lib is not None else []
+
+
+def set_isa(name: str) -> None:
+    """Pick the ISA the kernels run with (tests use this to cover every path)."""
+    lib = _load()[0]
+    if lib is None:
+        raise RuntimeError(load_error())
+    lib.set_isa(name)
+
+
+def ops():
+    """torch.ops.vllm_x86, after making sure the library is loaded."""
+    if not available():
+        raise RuntimeError(load_error())
+    return torch.ops.vllm_x86
+
+
+def _register_fakes() -> None:
+    # Every op writes into arguments it is given and returns nothing, so the fake
+    # implementations have nothing to compute.
+    def nothing(*args, **kwargs):
+        return None
+
+    for name in (
+        "rms_norm",
+        "fused_add_rms_norm",
+        "rotary_embedding",
+        "silu_and_mul",
+        "gelu_and_mul",
+        "gelu_tanh_and_mul",
+        "split_norm_rope_neox",
+    ):
+        torch.library.register_fake(f"vllm_x86::{name}")(nothing)

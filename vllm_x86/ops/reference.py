@@ -1,0 +1,105 @@
+"""Pure-torch references of every kernel, with the kernels' signatures.
+
+Each function writes its result where the kernel would (out-parameters, in-place
+updates) and computes in float32 with the rounding points of vLLM's own reference
+(CustomOp.forward_native / the vLLM IR native implementation): where that reference
+rounds an intermediate to the model's dtype, so does this one. Tests compare each
+kernel with its reference (tests/unit/test_ops.py); the op table falls back to these
+when a kernel cannot run (and says so).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float) -> torch.Tensor:
+    orig = x.dtype
+    xf = x.to(torch.float32)
+    y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + epsilon)
+    if weight is not None:
+        y = y.to(weight.dtype) * weight
+    return y.to(orig)
+
+
+def rms_norm(
+    out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None, epsilon: float
+) -> None:
+    out.copy_(_rms(input, weight, epsilon))
+
+
+def fused_add_rms_norm(
+    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, epsilon: float
+) -> None:
+    orig = input.dtype
+    s = input.to(torch.float32) + residual.to(torch.float32)
+    residual.copy_(s.to(orig))
+    y = s * torch.rsqrt(s.pow(2).mean(dim=-1, keepdim=True) + epsilon)
+    if weight is not None:
+        y = y.to(weight.dtype) * weight
+    input.copy_(y.to(orig))
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> None:
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    rot = cos_sin_cache.shape[-1]
+    q, k = RotaryEmbedding.forward_static(
+        positions, query, key, head_size, rot, cos_sin_cache, is_neox
+    )
+    query.copy_(q.view_as(query))
+    if key is not None:
+        key.copy_(k.view_as(key))
+
+
+def _act_and_mul(out: torch.Tensor, input: torch.Tensor, act) -> None:
+    d = input.shape[-1] // 2
+    out.copy_(act(input[..., :d]) * input[..., d:])
+
+
+def silu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    _act_and_mul(out, input, F.silu)
+
+
+def gelu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    _act_and_mul(out, input, F.gelu)
+
+
+def gelu_tanh_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    _act_and_mul(out, input, lambda x: F.gelu(x, approximate="tanh"))
+
+
+def split_norm_rope_neox(
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    epsilon: float,
+) -> None:
+    """What vLLM's Qwen3 attention does between the QKV projection and attention:
+    split, per-head RMSNorm of q and k (q_norm, k_norm), neox rotary embedding."""
+    t = qkv.shape[0]
+    q, k, v = qkv.split(
+        [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size], dim=-1
+    )
+    qn = _rms(q.reshape(t, num_heads, head_size), q_weight, epsilon).reshape(t, -1)
+    kn = _rms(k.reshape(t, num_kv_heads, head_size), k_weight, epsilon).reshape(t, -1)
+    rotary_embedding(positions, qn, kn, head_size, cos_sin_cache, True)
+    q_out.copy_(qn.view_as(q_out))
+    k_out.copy_(kn.view_as(k_out))
+    v_out.copy_(v.reshape(v_out.shape))
