@@ -1,0 +1,261 @@
+"""Every kernel against its pure-torch reference (vllm_x86/ops/reference.py), on every
+ISA build this CPU can run, in bf16/fp16/fp32, over decode and prefill token counts,
+real hidden sizes, odd head counts and non-contiguous inputs.
+
+Tolerances (docs/kernels.md):
+- rms_norm, fused_add_rms_norm, rotary_embedding, split_norm_rope_neox: bit-identical
+  to the reference (they reproduce its rounding points and, for RMSNorm, torch's
+  order of summation);
+- silu_and_mul: bit-identical in bf16 and fp16; fp32 within 1e-6 relative (the exp
+  approximation differs from torch's in the last bits);
+- gelu_and_mul, gelu_tanh_and_mul: within two units in the last place of the dtype
+  (the GELU value may differ by one before the product rounds again), plus 2e-5
+  absolute (torch's own GELU loses precision where 1 + erf(x) cancels).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_x86.ops import kernels, reference
+
+pytestmark = pytest.mark.skipif(
+    not kernels.available(), reason=f"kernel library not built: {kernels.load_error()}"
+)
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# 1000 tokens (prefill) is the slow part of this file; `make test` runs it, test-fast not
+TOKENS = [1, 7, 64, pytest.param(1000, marks=pytest.mark.slow)]
+HIDDEN = [576, 1024, 2048, 4096, 5120]
+ISAS = kernels.available_isas() if kernels.available() else []
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    kernels.set_isa(request.param)
+    yield request.param
+    kernels.set_isa("auto")
+
+
+def ops():
+    return torch.ops.vllm_x86
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def rand(shape, dtype, seed, scale=1.0):
+    return (torch.randn(shape, generator=gen(seed)) * scale).to(dtype)
+
+
+# ---------------------------------------------------------------- RMSNorm
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("hidden", HIDDEN)
+def test_rms_norm_bit_identical(isa, dtype, tokens, hidden):
+    x = rand((tokens, hidden), dtype, tokens + hidden, 3.0)
+    w = (rand((hidden,), torch.float32, 1) * 0.1 + 1).to(dtype)
+    out, ref = torch.empty_like(x), torch.empty_like(x)
+    ops().rms_norm(out, x, w, 1e-6)
+    reference.rms_norm(ref, x, w, 1e-6)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [1, 3, 7, 8, 9, 31, 33, 100, 257, 1000, 1536, 8192, 12345])
+def test_rms_norm_sums_in_torch_order_for_any_size(isa, dtype, hidden):
+    x = rand((5, hidden), dtype, hidden, 2.0)
+    out, ref = torch.empty_like(x), torch.empty_like(x)
+    ops().rms_norm(out, x, None, 1e-5)
+    reference.rms_norm(ref, x, None, 1e-5)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,head_dim", [(9, 64), (14, 64), (16, 128), (8, 256)])
+def test_rms_norm_per_head_of_a_fused_qkv_view(isa, dtype, heads, head_dim):
+    """Qwen3's q_norm: q is a [tokens, heads, head_dim] view into the qkv projection
+    output (rows are not contiguous)."""
+    tokens, kv = 7, 2
+    qkv = rand((tokens, (heads + 2 * kv) * head_dim), dtype, heads)
+    q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    assert not q.is_contiguous()
+    w = (rand((head_dim,), torch.float32, 2) * 0.1 + 1).to(dtype)
+    out = torch.empty(q.shape, dtype=dtype)
+    ref = torch.empty(q.shape, dtype=dtype)
+    ops().rms_norm(out, q, w, 1e-6)
+    reference.rms_norm(ref, q, w, 1e-6)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("hidden", HIDDEN)
+def test_fused_add_rms_norm_bit_identical(isa, dtype, tokens, hidden):
+    x = rand((tokens, hidden), dtype, tokens, 2.0)
+    r = rand((tokens, hidden), dtype, hidden, 2.0)
+    w = (rand((hidden,), torch.float32, 3) * 0.1 + 1).to(dtype)
+    x1, r1, x2, r2 = x.clone(), r.clone(), x.clone(), r.clone()
+    ops().fused_add_rms_norm(x1, r1, w, 1e-6)
+    reference.fused_add_rms_norm(x2, r2, w, 1e-6)
+    assert torch.equal(r1, r2)
+    assert torch.equal(x1, x2)
+
+
+def test_fused_add_rms_norm_with_strided_rows(isa):
+    base = rand((64, 2 * 1024), torch.bfloat16, 5)
+    x = base[:, :1024]  # rows 2048 elements apart
+    r = rand((64, 1024), torch.bfloat16, 6)
+    w = rand((1024,), torch.bfloat16, 7)
+    x2, r2 = x.clone(), r.clone()
+    ops().fused_add_rms_norm(x, r, w, 1e-6)
+    reference.fused_add_rms_norm(x2, r2, w, 1e-6)
+    assert torch.equal(x, x2) and torch.equal(r, r2)
+
+
+# ---------------------------------------------------------------- rotary embedding
+
+
+def cos_sin_cache(rotary_dim: int, max_pos: int = 4096, base: float = 1e4) -> torch.Tensor:
+    inv = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float), inv)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
+ROPE_SHAPES = [  # (heads, kv_heads, head_dim, rotary_dim)
+    (9, 3, 64, 64),
+    (14, 2, 64, 64),
+    (16, 8, 128, 128),
+    (8, 8, 256, 256),
+    (8, 2, 128, 64),
+    (4, 1, 80, 40),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("shape", ROPE_SHAPES, ids=lambda s: "h{}kv{}d{}r{}".format(*s))
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_rotary_embedding_bit_identical(isa, dtype, neox, shape, tokens):
+    heads, kv, head, rot = shape
+    cache = cos_sin_cache(rot).to(dtype)
+    pos = torch.randint(0, 4096, (tokens,), generator=gen(tokens))
+    qkv = rand((tokens, (heads + 2 * kv) * head), dtype, heads * tokens, 4.0)
+    want = qkv.clone()
+    q, k, _ = qkv.split([heads * head, kv * head, kv * head], dim=-1)
+    rq, rk, _ = want.split([heads * head, kv * head, kv * head], dim=-1)
+    ops().rotary_embedding(pos, q, k, head, cache, neox)
+    reference.rotary_embedding(pos, rq, rk, head, cache, neox)
+    assert torch.equal(qkv, want)  # q and k rotated in place, v untouched
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rotary_embedding_float32_cache_is_rounded_like_the_reference(isa, dtype):
+    cache = cos_sin_cache(128)
+    pos = torch.randint(0, 4096, (9,), generator=gen(1))
+    q = rand((9, 16 * 128), dtype, 2)
+    k = rand((9, 8 * 128), dtype, 3)
+    q2, k2 = q.clone(), k.clone()
+    ops().rotary_embedding(pos, q, k, 128, cache, True)
+    reference.rotary_embedding(pos, q2, k2, 128, cache, True)
+    assert torch.equal(q, q2) and torch.equal(k, k2)
+
+
+def test_rotary_embedding_without_key_and_3d_query(isa):
+    cache = cos_sin_cache(64).bfloat16()
+    pos = torch.arange(5)
+    q = rand((5, 9, 64), torch.bfloat16, 4)
+    q2 = q.clone()
+    ops().rotary_embedding(pos, q, None, 64, cache, True)
+    reference.rotary_embedding(pos, q2, None, 64, cache, True)
+    assert torch.equal(q, q2)
+
+
+# ---------------------------------------------------------------- activations
+
+
+def _act_tolerance(op: str, dtype: torch.dtype) -> dict:
+    if op == "silu_and_mul":
+        return {"rtol": 1e-6, "atol": 1e-7} if dtype == torch.float32 else {"rtol": 0, "atol": 0}
+    ulp = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 2.0**-23}[dtype]
+    return {"rtol": 2 * ulp, "atol": 2e-5}
+
+
+@pytest.mark.parametrize("op", ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("d", [576, 1536, 4096, 5120, 17])
+def test_activation_and_mul(isa, op, dtype, tokens, d):
+    x = rand((tokens, 2 * d), dtype, tokens * d, 3.0)
+    out = torch.empty((tokens, d), dtype=dtype)
+    ref = torch.empty((tokens, d), dtype=dtype)
+    getattr(ops(), op)(out, x)
+    getattr(reference, op)(ref, x)
+    torch.testing.assert_close(out, ref, **_act_tolerance(op, dtype))
+
+
+def test_activation_of_a_3d_input(isa):
+    x = rand((2, 5, 2 * 576), torch.bfloat16, 8)
+    out = torch.empty((2, 5, 576), dtype=torch.bfloat16)
+    ref = torch.empty_like(out)
+    ops().silu_and_mul(out, x)
+    reference.silu_and_mul(ref, x)
+    assert torch.equal(out, ref)
+
+
+# ---------------------------------------------------------------- split + norm + rope
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "shape",
+    [(16, 8, 128, 128), (14, 2, 64, 64), (9, 3, 64, 64), (8, 2, 128, 64), (32, 4, 128, 128)],
+    ids=lambda s: "h{}kv{}d{}r{}".format(*s),
+)
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_split_norm_rope_neox_bit_identical(isa, dtype, shape, tokens):
+    heads, kv, head, rot = shape
+    cache = cos_sin_cache(rot).to(dtype)
+    pos = torch.randint(0, 4096, (tokens,), generator=gen(tokens + 1))
+    qkv = rand((tokens, (heads + 2 * kv) * head), dtype, tokens + heads, 3.0)
+    qw = (rand((head,), torch.float32, 11) * 0.2 + 1).to(dtype)
+    kw = (rand((head,), torch.float32, 12) * 0.2 + 1).to(dtype)
+    outs = [torch.empty((tokens, n * head), dtype=dtype) for n in (heads, kv, kv)]
+    refs = [torch.empty_like(o) for o in outs]
+    ops().split_norm_rope_neox(*outs, qkv, pos, qw, kw, cache, heads, kv, head, 1e-6)
+    reference.split_norm_rope_neox(*refs, qkv, pos, qw, kw, cache, heads, kv, head, 1e-6)
+    for o, r in zip(outs, refs):
+        assert torch.equal(o, r)
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_bad_arguments_are_clear_errors():
+    x = torch.randn(4, 64)
+    with pytest.raises(RuntimeError, match="must be float32, bfloat16 or float16"):
+        ops().rms_norm(torch.empty(4, 64, dtype=torch.int32), x.int(), None, 1e-6)
+    with pytest.raises(RuntimeError, match="out must match input"):
+        ops().rms_norm(torch.empty(4, 32), x, None, 1e-6)
+    with pytest.raises(RuntimeError, match="weight must be contiguous with 64 elements"):
+        ops().rms_norm(torch.empty_like(x), x, torch.ones(32), 1e-6)
+    with pytest.raises(RuntimeError, match="input must be \\[..., 2d\\] and out \\[..., d\\]"):
+        ops().silu_and_mul(torch.empty(4, 64), x)
+    with pytest.raises(RuntimeError, match="positions must be contiguous int64"):
+        ops().rotary_embedding(
+            torch.zeros(4, dtype=torch.int32), x, None, 64, cos_sin_cache(64), True
+        )
+
+
+def test_isa_selection():
+    assert kernels.isa() in ISAS
+    with pytest.raises(RuntimeError, match="unknown ISA"):
+        kernels.set_isa("sse2")
+    kernels.set_isa("avx2")
+    assert kernels.isa() == "avx2"
+    kernels.set_isa("auto")
+    assert kernels.isa() == ISAS[-1]
