@@ -73,7 +73,7 @@ class TreeMonitor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tree-monitor", daemon=True)
         self._t0 = self._busy0 = self._own0 = 0.0
-        self._wall = self._other = 0.0
+        self._wall = self._other = self._harness = 0.0
 
     def __enter__(self) -> TreeMonitor:
         self._t0, self._busy0, self._own0 = time.monotonic(), machine_busy_s(), own_cpu_s()
@@ -92,8 +92,8 @@ class TreeMonitor:
         self.sample()  # a last look before the tree is stopped
         self._wall = time.monotonic() - self._t0
         busy = machine_busy_s() - self._busy0
-        ours = sum(self.cpu.values()) + own_cpu_s() - self._own0
-        self._other = max(0.0, busy - ours)
+        self._harness = own_cpu_s() - self._own0
+        self._other = max(0.0, busy - sum(self.cpu.values()) - self._harness)
 
     def sample(self) -> None:
         try:
@@ -133,6 +133,8 @@ class TreeMonitor:
             "memory_samples": self.samples,
             "tree_cpu_s": sum(self.cpu.values()),
             "monitored_s": self._wall,
+            # the harness itself: its HTTP client and this monitor
+            "harness_cpu_s": self._harness,
             "other_cpu_pct": 100.0 * self._other / self._wall if self._wall else None,
         }
 

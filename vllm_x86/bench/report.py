@@ -111,7 +111,22 @@ def summarize(results: dict) -> None:
         "by_contender": texts,
         "same_in_every_round": {n: len(set(t)) == 1 for n, t in texts.items() if t},
         "same_as_baseline": same_as_base,
+        # characters the first round's text shares with the baseline's before they part
+        "common_prefix_chars": {
+            n: _common_prefix(texts[n][0], texts[base][0])
+            for n in names
+            if texts.get(n) and texts.get(base) and texts[n][0] is not None
+        },
     }
+
+
+def _common_prefix(a: str, b: str | None) -> int:
+    n = 0
+    for x, y in zip(a, b or ""):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _fmt(v: float, digits: int) -> str:
@@ -247,10 +262,12 @@ def render_markdown(results: dict) -> str:
             same = "same in every round" if len(uniq) == 1 else "DIFFERS between rounds"
             lines.append(f"- {n} ({same}): " + " | ".join(repr(t[:60]) for t in uniq))
         for n in others:
-            verdict = (
-                "the same text as" if g["same_as_baseline"].get(n) else "a DIFFERENT text from"
-            )
-            lines.append(f"- {n} gave {verdict} {base}")
+            if g["same_as_baseline"].get(n):
+                lines.append(f"- {n} gave the same text as {base}")
+            else:
+                k = g.get("common_prefix_chars", {}).get(n)
+                where = f" (they part after {k} characters)" if k is not None else ""
+                lines.append(f"- {n} gave a DIFFERENT text from {base}{where}")
     if st["rounds"] < 3:
         lines += ["", f"Note: {st['rounds']} round(s); the method asks for at least 3."]
     lines += ["", f"Command: `{results['command']}`"]
