@@ -111,10 +111,20 @@ class X86Platform(CpuPlatform):
 
     @classmethod
     def get_default_ir_op_priority(cls, vllm_config):
+        """The plugin's IR kernels first in eager mode. With Inductor compiling the
+        model, vLLM's native implementations stay first: Inductor fuses them with their
+        neighbours, which an opaque kernel would prevent (and compiled mode then keeps
+        the numerics of stock vLLM compiled)."""
+        from vllm.config import CompilationMode
         from vllm.config.kernel import IrOpPriorityConfig
 
         from vllm_x86.ops import registry
 
+        cc = vllm_config.compilation_config
+        inductor = cc.mode not in (None, CompilationMode.NONE) and cc.backend == "inductor"
+        if inductor:
+            registry.ir_providers()  # registered all the same: the config hash names them
+            return IrOpPriorityConfig.with_default(["native"])
         return IrOpPriorityConfig.with_default(["native"], **registry.ir_providers())
 
     @classmethod

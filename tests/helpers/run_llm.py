@@ -16,12 +16,16 @@ def main() -> None:
     p.add_argument("--eager", action="store_true")
     p.add_argument("--prompt-ids", required=True, help="JSON list of lists of token ids")
     p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--custom-ops", default=None, help="comma-separated custom_ops setting")
     a = p.parse_args()
 
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
 
-    llm = LLM(a.model, dtype=a.dtype, enforce_eager=a.eager, max_model_len=1024, seed=0)
+    kwargs = {}
+    if a.custom_ops:
+        kwargs["compilation_config"] = {"custom_ops": a.custom_ops.split(",")}
+    llm = LLM(a.model, dtype=a.dtype, enforce_eager=a.eager, max_model_len=1024, seed=0, **kwargs)
     sp = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     # One request at a time, as the transformers reference runs them: batching changes
     # the shapes the GEMM kernels see, and with them the order of bf16 accumulation.

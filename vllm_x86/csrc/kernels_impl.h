@@ -456,18 +456,28 @@ inline vf cache_load(const typename C::T* p, int64_t n) {
   vf v = load_any<C>(p, n);
   return same_type<E, C>::value ? v : E::round(v);
 }
+// cos|sin of one position as floats, converted to the query's dtype as the reference
+// does (`cos.to(x.dtype)`); done once per token, shared by all its heads.
+template <class E, class C>
+inline void load_cos_sin(const typename C::T* row, int rot, float* cs) {
+  for (int j = 0; j < rot; j += W) {
+    int64_t n = rot - j;
+    store_any<F32>(cs + j, cache_load<E, C>(row + j, n), n);
+  }
+}
+
 // One head, in place: neox rotates halves (x[j], x[j + rot/2]); gptj rotates pairs
 // (x[2i], x[2i+1]). o1 = R(R(x1 c) - R(x2 s)), o2 = R(R(x2 c) + R(x1 s)).
-template <class E, class C>
-inline void rope_head(typename E::T* x, const typename C::T* cs, int rot, bool neox) {
+template <class E>
+inline void rope_head(typename E::T* x, const float* cs, int rot, bool neox) {
   const int half = rot / 2;
-  const typename C::T* cosp = cs;
-  const typename C::T* sinp = cs + half;
+  const float* cosp = cs;
+  const float* sinp = cs + half;
   if (neox) {
     for (int j = 0; j < half; j += W) {
       int64_t n = half - j;
-      vf c = cache_load<E, C>(cosp + j, n);
-      vf s = cache_load<E, C>(sinp + j, n);
+      vf c = load_any<F32>(cosp + j, n);
+      vf s = load_any<F32>(sinp + j, n);
       vf x1 = load_any<E>(x + j, n), x2 = load_any<E>(x + half + j, n);
       vf o1 = v_sub(E::round(v_mul(x1, c)), E::round(v_mul(x2, s)));
       vf o2 = v_add(E::round(v_mul(x2, c)), E::round(v_mul(x1, s)));
@@ -483,8 +493,8 @@ inline void rope_head(typename E::T* x, const typename C::T* cs, int rot, bool n
       b1[i] = x[2 * (j + i)];
       b2[i] = x[2 * (j + i) + 1];
     }
-    vf c = cache_load<E, C>(cosp + j, n);
-    vf s = cache_load<E, C>(sinp + j, n);
+    vf c = load_any<F32>(cosp + j, n);
+    vf s = load_any<F32>(sinp + j, n);
     vf x1 = load_any<E>(b1, n), x2 = load_any<E>(b2, n);
     vf o1 = v_sub(E::round(v_mul(x1, c)), E::round(v_mul(x2, s)));
     vf o2 = v_add(E::round(v_mul(x2, c)), E::round(v_mul(x1, s)));
@@ -505,11 +515,12 @@ void rotary_tokens(const int64_t* pos, void* q_, int64_t qs, int nq, void* k_, i
   T* q = static_cast<T*>(q_);
   T* k = static_cast<T*>(k_);
   const typename C::T* cache = static_cast<const typename C::T*>(cache_);
+  alignas(64) float cs[1024];  // rot <= head_size; ops.cpp checks rot <= 1024
   for (int64_t t = tb; t < te; ++t) {
-    const typename C::T* cs = cache + pos[t] * cache_s;
-    for (int h = 0; h < nq; ++h) rope_head<E, C>(q + t * qs + h * head, cs, rot, neox);
+    load_cos_sin<E, C>(cache + pos[t] * cache_s, rot, cs);
+    for (int h = 0; h < nq; ++h) rope_head<E>(q + t * qs + h * head, cs, rot, neox);
     if (k != nullptr)
-      for (int h = 0; h < nk; ++h) rope_head<E, C>(k + t * ks + h * head, cs, rot, neox);
+      for (int h = 0; h < nk; ++h) rope_head<E>(k + t * ks + h * head, cs, rot, neox);
   }
 }
 
@@ -550,7 +561,8 @@ void split_norm_rope_neox_tokens(void* q_out_, void* k_out_, void* v_out_, const
   const typename C::T* cache = static_cast<const typename C::T*>(cache_);
   for (int64_t t = tb; t < te; ++t) {
     const T* row = qkv + t * qkv_s;
-    const typename C::T* cs = cache + pos[t] * cache_s;
+    alignas(64) float cs[1024];
+    load_cos_sin<E, C>(cache + pos[t] * cache_s, rot, cs);
     for (int h = 0; h < nq + nk; ++h) {
       const bool is_q = h < nq;
       const T* src = row + static_cast<int64_t>(h) * head;
@@ -562,7 +574,7 @@ void split_norm_rope_neox_tokens(void* q_out_, void* k_out_, void* v_out_, const
         int64_t n = head - j;
         store_any<E>(dst + j, norm_scale<E>(load_any<E>(src + j, n), inv, w, j, head), n);
       }
-      rope_head<E, C>(dst, cs, rot, true);
+      rope_head<E>(dst, cs, rot, true);
     }
     const T* v = row + static_cast<int64_t>(nq + nk) * head;
     T* vo = v_out + t * nk * head;

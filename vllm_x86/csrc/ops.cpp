@@ -210,8 +210,8 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
               "vllm-x86 rotary_embedding: cos_sin_cache must be [max_position, rotary_dim]");
   const int64_t tokens = positions.numel();
   const int rot = static_cast<int>(cos_sin_cache.size(1));
-  TORCH_CHECK(rot % 2 == 0 && rot <= head_size,
-              "vllm-x86 rotary_embedding: rotary_dim must be even and <= head_size");
+  TORCH_CHECK(rot % 2 == 0 && rot <= head_size && rot <= 1024,
+              "vllm-x86 rotary_embedding: rotary_dim must be even, <= head_size and <= 1024");
   HeadRows q = head_rows(query, tokens, head_size, "query");
   HeadRows kk{0, 0};
   void* kp = nullptr;
@@ -289,7 +289,8 @@ void split_norm_rope_neox(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& v_ou
   check_weight(q_weight, qkv, head_size, "split_norm_rope_neox q_weight");
   check_weight(k_weight, qkv, head_size, "split_norm_rope_neox k_weight");
   TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.stride(1) == 1 &&
-                  cos_sin_cache.size(1) % 2 == 0 && cos_sin_cache.size(1) <= head_size,
+                  cos_sin_cache.size(1) % 2 == 0 && cos_sin_cache.size(1) <= head_size &&
+                  cos_sin_cache.size(1) <= 1024,
               "vllm-x86 split_norm_rope_neox: cos_sin_cache must be [max_position, "
               "rotary_dim] with an even rotary_dim <= head_size");
   const auto& k = table();
