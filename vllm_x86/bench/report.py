@@ -200,6 +200,7 @@ def render_markdown(results: dict) -> str:
     )
     for n, why in notes.items():
         lines.append(f"¹ {n}: {why}.")
+    lines += _per_round(results, w, names, base, others)
 
     busy = {
         n: [
@@ -274,6 +275,35 @@ def render_markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _per_round(results: dict, w: Workload, names: list[str], base: str, others: list[str]):
+    """Decode ratios round by round, beside the other work each run had (a noisy run
+    shows here as an outlier next to its CPU figure)."""
+    runs = {(r["round"], r["contender"]): r for r in results["runs"]}
+    rounds = sorted({r["round"] for r in results["runs"]})
+    if len(rounds) < 2 or not others:
+        return []
+    cols = [
+        (n, c)
+        for n in others
+        for c in w.concurrency
+        if any((runs.get((k, n)) or {}).get("metrics", {}).get(f"decode_{c}_tok_s") for k in rounds)
+    ]
+    head = ["round", *[f"{n}: other CPU %" for n in names], *[f"{n}/{base} @{c}" for n, c in cols]]
+    out = ["", "Decode ratios round by round, and other processes' CPU use during each run:", ""]
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for k in rounds:
+        cells = [str(k)]
+        for n in names:
+            v = (runs.get((k, n)) or {}).get("metrics", {}).get("other_cpu_pct")
+            cells.append("-" if v is None else f"{v:.0f}")
+        for n, c in cols:
+            a = (runs.get((k, base)) or {}).get("metrics", {}).get(f"decode_{c}_tok_s")
+            b = (runs.get((k, n)) or {}).get("metrics", {}).get(f"decode_{c}_tok_s")
+            cells.append(f"{b / a:.2f}x" if a and b else "-")
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
 def plot(results: dict, path: Path) -> Path | None:
     """PNG of decode tokens/s against concurrent requests, one line per contender."""
     try:
@@ -300,12 +330,15 @@ def plot(results: dict, path: Path) -> Path | None:
     roof = results.get("roofline", {}).get("weights", {})
     if roof:
         first = next(iter(roof.values()))
-        ax.axhline(
-            first["roofline_tok_s_all_threads"],
+        # the roofline is for one request: a mark at 1, not a line across batch sizes
+        ax.plot(
+            [1],
+            [first["roofline_tok_s_all_threads"]],
+            marker="_",
+            markersize=30,
             color="grey",
-            linestyle="--",
-            linewidth=1,
-            label=f"1-request roofline ({first['what']})",
+            linestyle="none",
+            label=f"roofline, 1 request ({first['what']})",
         )
     ax.set_xscale("log", base=2)
     ax.set_xticks(conc)
@@ -319,7 +352,7 @@ def plot(results: dict, path: Path) -> Path | None:
         fontsize=10,
     )
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
