@@ -382,7 +382,9 @@ def test_runs_beside_other_work_are_flagged():
 def test_other_cpu_is_measured():
     from vllm_x86.bench.proctree import other_cpu_pct
 
-    assert 0.0 <= other_cpu_pct(0.2) < 100.0 * len(__import__("os").sched_getaffinity(0))
+    # /proc/stat counts in 10 ms ticks: allow for rounding above the machine's 100 % per CPU
+    cpus = len(__import__("os").sched_getaffinity(0))
+    assert 0.0 <= other_cpu_pct(0.5) <= 100.0 * cpus + 20.0
 
 
 def test_chart_is_a_png(tmp_path):
