@@ -51,6 +51,18 @@ SETTINGS: tuple[Setting, ...] = (
         "CPU ops run; platform defaults stay. For kernels-on/off comparisons.",
     ),
     Setting(
+        "VLLM_X86_QUANT_GROUP_SIZE",
+        "128",
+        "x86_int4 quantizing a bf16 checkpoint while it loads: input channels per scale "
+        "(32, 64 or 128; layers whose input size it does not divide use 64 or 32).",
+    ),
+    Setting(
+        "VLLM_X86_QUANT_ZERO_POINT",
+        "0",
+        "x86_int4 quantizing while loading: 1 for asymmetric groups (a zero point per "
+        "group), 0 for symmetric ones.",
+    ),
+    Setting(
         "VLLM_X86_ISA",
         "auto",
         "Which build of the plugin's kernels runs: auto (the best this CPU has), "

@@ -103,6 +103,13 @@ class X86Platform(CpuPlatform):
         return float(mem.total - mem.available)
 
     @classmethod
+    def pre_register_and_update(cls, parser=None) -> None:
+        # before vLLM parses --quantization: x86_int8 and x86_int4 must be known
+        from vllm_x86 import quant
+
+        quant.register()
+
+    @classmethod
     def import_ir_kernels(cls) -> None:
         super().import_ir_kernels()
         from vllm_x86.ops import registry

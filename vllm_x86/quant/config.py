@@ -1,0 +1,115 @@
+"""`x86_int8` and `x86_int4`: vLLM quantization configs of the plugin.
+
+Two ways in:
+- a bf16 checkpoint served with `--quantization x86_int8|x86_int4`: the linear layers
+  of attention and MLP are quantized while the model loads. Options come from the
+  environment (VLLM_X86_QUANT_GROUP_SIZE, VLLM_X86_QUANT_ZERO_POINT), see envs.py;
+- a checkpoint written by `vllm-x86 quantize`: its config.json carries
+  `quantization_config` with `quant_method` x86_int8/x86_int4 and `prepacked: true`;
+  the packed tensors load as they are (format.py checks the format first).
+
+The LM head and the embeddings stay in bf16 (get_quant_method returns None for them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+
+from vllm_x86 import envs
+from vllm_x86.quant import format as qformat
+from vllm_x86.quant.methods import X86Int4Linear, X86Int8Linear
+
+GROUP_SIZES = (32, 64, 128)
+
+
+class Int8LinearMethod(X86Int8Linear, LinearMethodBase):
+    pass
+
+
+class Int4LinearMethod(X86Int4Linear, LinearMethodBase):
+    pass
+
+
+class _X86QuantConfig(QuantizationConfig):
+    NAME = ""
+    BITS = 0
+
+    def __init__(
+        self,
+        group_size: int | None = None,
+        zero_point: bool | None = None,
+        prepacked: bool = False,
+        layout: str | None = None,
+        format_version: int | None = None,
+    ) -> None:
+        super().__init__()
+        if group_size is None:
+            group_size = int(envs.get("VLLM_X86_QUANT_GROUP_SIZE"))
+        if zero_point is None:
+            zero_point = envs.get_bool("VLLM_X86_QUANT_ZERO_POINT")
+        if self.BITS == 4 and group_size not in GROUP_SIZES:
+            raise ValueError(f"x86_int4 group size must be one of {GROUP_SIZES}, not {group_size}")
+        self.group_size = group_size
+        self.zero_point = bool(zero_point) and self.BITS == 4
+        self.prepacked = prepacked
+        self.layout = layout
+        self.format_version = format_version
+
+    def __repr__(self) -> str:
+        extra = (
+            f", group_size={self.group_size}, zero_point={self.zero_point}"
+            if self.BITS == 4
+            else ""
+        )
+        return f"{type(self).__name__}(prepacked={self.prepacked}{extra})"
+
+    def get_name(self):
+        return self.NAME
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return -1
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []  # bf16 checkpoints need no file; prepacked ones carry config.json
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> _X86QuantConfig:
+        qformat.check_config(config, cls.NAME)
+        return cls(
+            group_size=config.get("group_size", 128),
+            zero_point=config.get("zero_point", False),
+            prepacked=bool(config.get("prepacked", False)),
+            layout=config.get("layout"),
+            format_version=config.get("format_version"),
+        )
+
+    def maybe_update_config(self, model_name: str, *args, **kwargs) -> None:
+        if self.prepacked:
+            qformat.check_files(model_name)
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        if isinstance(layer, LinearBase):
+            return (Int4LinearMethod if self.BITS == 4 else Int8LinearMethod)(self)
+        return None  # embeddings and the LM head stay in bf16
+
+
+@register_quantization_config("x86_int8")
+class X86Int8Config(_X86QuantConfig):
+    NAME = "x86_int8"
+    BITS = 8
+
+
+@register_quantization_config("x86_int4")
+class X86Int4Config(_X86QuantConfig):
+    NAME = "x86_int4"
+    BITS = 4

@@ -1,0 +1,113 @@
+"""The prepacked checkpoint format `vllm-x86 quantize` writes, and its checks.
+
+A prepacked directory is a Hugging Face model directory whose safetensors hold the
+tensors the plugin's INT8/INT4 methods run with (packed in the kernels' layout, under
+vLLM's parameter names, fused projections whole), plus:
+
+- config.json `quantization_config`: quant_method (x86_int8 | x86_int4), bits,
+  group_size, zero_point, prepacked: true, layout (the kernels' packing), format_version;
+- x86_quant.json: the format version and the size of every weight file, so that a
+  truncated or replaced file is caught before anything is loaded.
+
+Anything that does not match gives an error saying what to do, never a model that runs
+on the wrong bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+FORMAT_VERSION = 1
+MANIFEST = "x86_quant.json"
+
+
+class FormatError(ValueError):
+    """The checkpoint is not in a format this version of the plugin can load."""
+
+
+def expected_layout(name: str) -> str:
+    from vllm_x86.quant.methods import INT4_LAYOUT, INT8_LAYOUT
+
+    return INT4_LAYOUT if name == "x86_int4" else INT8_LAYOUT
+
+
+def check_config(config: dict[str, Any], name: str) -> None:
+    if not config.get("prepacked"):
+        return
+    version = config.get("format_version")
+    if version != FORMAT_VERSION:
+        raise FormatError(
+            f"this {name} checkpoint is in prepacked format version {version!r}; this "
+            f"vllm-x86 reads version {FORMAT_VERSION}. Quantize the bf16 model again with "
+            "`vllm-x86 quantize`, or serve the bf16 model with --quantization " + name
+        )
+    layout = config.get("layout")
+    if layout != expected_layout(name):
+        raise FormatError(
+            f"this {name} checkpoint is packed as {layout!r}, and this vllm-x86 with this "
+            f"vLLM packs as {expected_layout(name)!r}; quantize the bf16 model again"
+        )
+
+
+def check_files(model_dir: str) -> None:
+    """Every file the manifest names exists with the recorded size, and every
+    tensor of every safetensors file lies inside that file."""
+    path = os.path.join(model_dir, MANIFEST)
+    if not os.path.isfile(path):
+        raise FormatError(
+            f"{model_dir} says it is prepacked but has no {MANIFEST}; it was not written by "
+            "`vllm-x86 quantize` or is incomplete; quantize the bf16 model again"
+        )
+    with open(path) as f:
+        manifest = json.load(f)
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise FormatError(
+            f"{MANIFEST} is format version {manifest.get('format_version')!r}, this "
+            f"vllm-x86 reads {FORMAT_VERSION}; quantize the bf16 model again"
+        )
+    for name, info in manifest.get("files", {}).items():
+        fpath = os.path.join(model_dir, name)
+        if not os.path.isfile(fpath):
+            raise FormatError(f"{fpath} is missing from the prepacked checkpoint")
+        size = os.path.getsize(fpath)
+        if size != info["bytes"]:
+            raise FormatError(
+                f"{fpath} is {size} bytes, the checkpoint was written with "
+                f"{info['bytes']}: the file is truncated or was replaced; copy it again or "
+                "quantize the bf16 model again"
+            )
+        if name.endswith(".safetensors"):
+            _check_safetensors(fpath, size)
+
+
+def _check_safetensors(fpath: str, size: int) -> None:
+    with open(fpath, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise FormatError(f"{fpath} is not a safetensors file (too short)")
+        n = int.from_bytes(head, "little")
+        if n <= 0 or 8 + n > size:
+            raise FormatError(f"{fpath} has a damaged safetensors header")
+        header = json.loads(f.read(n))
+    end = 8 + n
+    for key, t in header.items():
+        if key == "__metadata__":
+            continue
+        lo, hi = t["data_offsets"]
+        if end + hi > size or lo > hi:
+            raise FormatError(f"{fpath}: tensor {key} lies past the end of the file (truncated)")
+
+
+def write_manifest(out_dir: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    files = {
+        name: {"bytes": os.path.getsize(os.path.join(out_dir, name))}
+        for name in sorted(os.listdir(out_dir))
+        if name.endswith(".safetensors")
+    }
+    manifest = {"format_version": FORMAT_VERSION, "files": files, **(extra or {})}
+    with open(os.path.join(out_dir, MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=2)
+        f.write("\n")
+    return manifest

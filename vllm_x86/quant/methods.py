@@ -1,0 +1,361 @@
+"""Linear-layer methods of `x86_int8` and `x86_int4`: quantize, pack, multiply.
+
+Weights are quantized once (while a bf16 checkpoint loads, or offline by
+`vllm-x86 quantize`), then packed into the blocked layout of AMX kernels that vLLM CPU
+already ships (vendored there from SGLang). They measured faster than every other
+option on this machine at 1 to 64 rows (docs/quantization.md), so the plugin reuses
+them rather than adding its own:
+
+- INT8: symmetric, one float32 scale per output channel; kernel
+  `torch.ops._C.int8_scaled_mm_with_quant` (AMX-INT8). The kernel quantizes the
+  activations to int8 per token on the fly (dynamic, symmetric) and accumulates int32.
+- INT4: groups of `group_size` input channels (128 by default; 32 and 64 allowed), a
+  bf16 scale per group and output channel, symmetric (zero point 8) or asymmetric (a
+  zero point per group); kernel `torch.ops._C.int4_scaled_mm_cpu` (AMX, activations
+  quantized per token on the fly).
+
+Without AMX those kernels cannot run: the methods use PyTorch's weight-only kernels
+(`aten._weight_int8pack_mm`, `aten._weight_int4pack_mm_for_cpu`), fast for one request
+and slow for batches, and say so once at WARNING. Layers whose shapes the kernels do
+not take stay in bf16, also with a warning. Activations must be bfloat16 (the kernels'
+only activation type).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import Module, Parameter
+
+from vllm_x86.log import get_logger
+
+logger = get_logger("quant")
+
+# Packed layouts, recorded in prepacked checkpoints (format.py). Both are produced by
+# vLLM 0.32.0's converters; another vLLM may pack differently, hence the vLLM pin.
+INT8_LAYOUT = "vllm-cpu-0.32-sgl-int8-amx"
+INT4_LAYOUT = "vllm-cpu-0.32-sgl-int4-awq-amx"
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, msg: str, *args) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(msg, *args)
+
+
+def amx_available() -> bool:
+    """AMX kernels are used when the CPU has AMX, unless VLLM_X86_QUANT_KERNEL=torch
+    asks for PyTorch's weight-only kernels (for comparisons)."""
+    import os
+
+    if os.environ.get("VLLM_X86_QUANT_KERNEL", "auto") == "torch":
+        return False
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
+def _ops():
+    from vllm import _custom_ops as ops
+    from vllm.platforms import current_platform
+
+    current_platform.import_kernels()
+    return ops
+
+
+# ------------------------------------------------------------------ quantizers
+# Pure functions of a [N, K] float weight; the tests' references use them too.
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel INT8: (q [N, K] int8, scale [N] float32)."""
+    wf = w.float()
+    scale = (wf.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+    q = torch.round(wf / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def quantize_int4(w: torch.Tensor, group_size: int, zero_point: bool):
+    """Group-wise INT4: (q [N, K] int32 codes 0..15, scale [K/g, N] bf16,
+    zero [K/g, N] int32 0..15). The weight a code stands for is (q - zero) * scale.
+    Symmetric: zero = 8, scale = amax / 7 (codes 1..15 used). Asymmetric:
+    scale = (max - min) / 15 and zero = round(-min / scale). Scales are rounded to
+    bf16 first, since that is what the kernel multiplies by."""
+    n, k = w.shape
+    wg = w.float().view(n, k // group_size, group_size)
+    if zero_point:
+        lo = wg.amin(dim=-1).clamp(max=0)
+        hi = wg.amax(dim=-1).clamp(min=0)
+        scale = ((hi - lo) / 15.0).clamp_min(1e-12).to(torch.bfloat16).float()
+        zero = torch.round(-lo / scale).clamp(0, 15)
+    else:
+        scale = (wg.abs().amax(dim=-1) / 7.0).clamp_min(1e-12).to(torch.bfloat16).float()
+        zero = torch.full_like(scale, 8.0)
+    q = (torch.round(wg / scale[..., None]) + zero[..., None]).clamp(0, 15)
+    return (
+        q.view(n, k).to(torch.int32),
+        scale.t().contiguous().to(torch.bfloat16),
+        zero.t().contiguous().to(torch.int32),
+    )
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale.float()[:, None]
+
+
+def dequantize_int4(q, scale, zero, group_size) -> torch.Tensor:
+    """Float32 [N, K] weight the INT4 codes stand for."""
+    n, k = q.shape
+    qg = q.float().view(n, k // group_size, group_size)
+    return ((qg - zero.t().float()[..., None]) * scale.t().float()[..., None]).view(n, k)
+
+
+# ------------------------------------------------------------------ packing
+
+
+def _awq_pack(v: torch.Tensor) -> torch.Tensor:
+    """[R, N] codes 0..15 -> [R, N/8] int32: eight columns per word in the
+    interleaved order (0, 2, 4, 6, 1, 3, 5, 7) of the AWQ layout."""
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        pack_quantized_values_into_int32,
+    )
+    from vllm.scalar_type import scalar_types
+
+    r, n = v.shape
+    v = v.view(r, n // 8, 8)[:, :, (0, 2, 4, 6, 1, 3, 5, 7)].reshape(r, n)
+    return pack_quantized_values_into_int32(v, scalar_types.uint4, 1).contiguous()
+
+
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    _ops()
+    return torch.ops._C.convert_weight_packed(q)
+
+
+def pack_int4(q, scale, zero):
+    """-> (weight, zero points, scales), blocked for int4_scaled_mm_cpu."""
+    ops = _ops()
+    return ops.convert_weight_packed_scale_zp(
+        _awq_pack(q.t().contiguous()), _awq_pack(zero), scale, ops.CPUQuantAlgo.AWQ
+    )
+
+
+def int8_shape_problem(n: int, k: int) -> str | None:
+    if k % 32 or n % 16:
+        return f"the AMX INT8 kernel needs K % 32 == 0 and N % 16 == 0 (N={n}, K={k})"
+    return None
+
+
+def effective_group_size(k: int, group_size: int) -> int | None:
+    """The group size a layer with K input channels uses: the configured one if it
+    divides K, else the largest of 64 and 32 below it that does (SmolLM2's K = 576 is
+    not a multiple of 128). Deterministic, so a prepacked checkpoint loads with the
+    groups it was written with."""
+    for g in (group_size, 64, 32):
+        if g <= group_size and k % g == 0:
+            return g
+    return None
+
+
+def int4_shape_problem(n: int, k: int, group_size: int) -> str | None:
+    if effective_group_size(k, group_size) is None:
+        return f"K={k} is not a multiple of 32"
+    if n % 32 or k % 32:
+        return f"the AMX INT4 kernel needs N and K multiples of 32 (N={n}, K={k})"
+    return None
+
+
+# ------------------------------------------------------------------ methods
+
+
+def _plain_loader(param: Parameter, loaded_weight: torch.Tensor, *args, **kwargs) -> None:
+    """Prepacked tensors are stored whole (fused projections included)."""
+    if param.shape != loaded_weight.shape or param.dtype != loaded_weight.dtype:
+        raise ValueError(
+            f"prepacked tensor has shape {tuple(loaded_weight.shape)} {loaded_weight.dtype}, "
+            f"the model expects {tuple(param.shape)} {param.dtype}: the checkpoint was "
+            "written for another model shape or layout; quantize it again"
+        )
+    param.data.copy_(loaded_weight)
+
+
+def _packed_param(layer: Module, name: str, shape, dtype) -> None:
+    p = Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+    p.weight_loader = _plain_loader
+    layer.register_parameter(name, p)
+
+
+def _set(layer: Module, name: str, t: torch.Tensor) -> None:
+    if hasattr(layer, name):
+        delattr(layer, name)
+    layer.register_parameter(name, Parameter(t, requires_grad=False))
+
+
+class _X86QuantLinearMethod:
+    """Shared create_weights for both methods (subclasses of vLLM's LinearMethodBase
+    are built in config.py, so importing this module needs no vLLM import)."""
+
+    bits: int
+
+    def __init__(self, config) -> None:
+        self.config = config
+
+    # bf16 weights, quantized after loading
+    def _create_bf16(self, layer, k, n, params_dtype, extra) -> None:
+        from vllm.model_executor.parameter import ModelWeightParameter
+        from vllm.model_executor.utils import set_weight_attrs
+
+        weight_loader = extra.pop("weight_loader")
+        weight = ModelWeightParameter(
+            data=torch.empty(n, k, dtype=params_dtype),
+            input_dim=1,
+            output_dim=0,
+            weight_loader=weight_loader,
+        )
+        layer.register_parameter("weight", weight)
+        set_weight_attrs(weight, extra)
+
+    def create_weights(
+        self,
+        layer,
+        input_size_per_partition,
+        output_partition_sizes,
+        input_size,
+        output_size,
+        params_dtype,
+        **extra_weight_attrs,
+    ):
+        if params_dtype != torch.bfloat16:
+            raise ValueError(
+                f"{self.config.get_name()} runs bfloat16 models (its kernels take bfloat16 "
+                f"activations), not {params_dtype}; pass --dtype bfloat16"
+            )
+        n, k = sum(output_partition_sizes), input_size_per_partition
+        layer.x86_shape = (n, k)
+        problem = self.shape_problem(n, k)
+        layer.x86_quantized = problem is None
+        if problem is not None:
+            _warn_once(
+                f"shape{n}x{k}", "vllm-x86: a %dx%d linear layer stays in bf16: %s", n, k, problem
+            )
+        if self.config.prepacked and layer.x86_quantized:
+            self.create_prepacked(layer, n, k)
+        else:
+            self._create_bf16(layer, k, n, params_dtype, dict(extra_weight_attrs))
+
+    def process_weights_after_loading(self, layer: Module) -> None:
+        if getattr(layer, "x86_done", False):
+            return
+        layer.x86_done = True
+        if not layer.x86_quantized:
+            from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+            dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+            return
+        layer.x86_amx = amx_available()
+        if not layer.x86_amx:
+            _warn_once(
+                "noamx",
+                "vllm-x86: %s without AMX runs PyTorch's weight-only kernels: "
+                "fast for one request, slow for batches",
+                self.config.get_name(),
+            )
+        if self.config.prepacked:
+            if not layer.x86_amx:
+                raise RuntimeError(
+                    "this checkpoint is packed for the AMX kernels and this CPU has no AMX; "
+                    "serve the bf16 checkpoint with --quantization "
+                    f"{self.config.get_name()} instead"
+                )
+            return
+        self.quantize_and_pack(layer, layer.weight.data)
+
+    def apply(self, layer: Module, x: torch.Tensor, bias: torch.Tensor | None = None):
+        if not layer.x86_quantized:
+            from vllm.model_executor.layers.utils import cpu_unquantized_gemm
+
+            return cpu_unquantized_gemm(layer, x, layer.weight, bias)
+        x2 = x.reshape(-1, x.shape[-1])
+        out = self.matmul(layer, x2, None if bias is None else bias.float())
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+class X86Int8Linear(_X86QuantLinearMethod):
+    bits = 8
+
+    def shape_problem(self, n, k):
+        return int8_shape_problem(n, k)
+
+    def create_prepacked(self, layer, n, k):
+        _packed_param(layer, "weight", (n, k + 4), torch.int8)
+        _packed_param(layer, "weight_scale", (n,), torch.float32)
+
+    def quantize_and_pack(self, layer, w):
+        q, scale = quantize_int8(w)
+        _set(layer, "weight", pack_int8(q) if layer.x86_amx else q)
+        _set(layer, "weight_scale", scale)
+
+    def matmul(self, layer, x, bias):
+        if layer.x86_amx:
+            return torch.ops._C.int8_scaled_mm_with_quant(
+                x, layer.weight, layer.weight_scale, bias, x.dtype, True
+            )
+        out = torch.ops.aten._weight_int8pack_mm(x, layer.weight, layer.weight_scale.to(x.dtype))
+        return out if bias is None else out + bias.to(out.dtype)
+
+
+class X86Int4Linear(_X86QuantLinearMethod):
+    bits = 4
+
+    def shape_problem(self, n, k):
+        return int4_shape_problem(n, k, self.config.group_size)
+
+    def _group(self, layer) -> int:
+        n, k = layer.x86_shape
+        g = effective_group_size(k, self.config.group_size)
+        if g != self.config.group_size:
+            _warn_once(
+                f"group{k}",
+                "vllm-x86: x86_int4 uses groups of %d for layers with "
+                "%d input channels (not a multiple of %d)",
+                g,
+                k,
+                self.config.group_size,
+            )
+        return g
+
+    def create_prepacked(self, layer, n, k):
+        g = self._group(layer)
+        # shapes of convert_weight_packed_scale_zp's outputs for an [N, K] weight:
+        # blocks of 32 output channels x one group, 16 bytes of codes per input
+        # channel plus 128 bytes of per-block sums
+        _packed_param(layer, "weight", (n // 32, k // g, g * 16 + 128), torch.uint8)
+        _packed_param(layer, "weight_zp", (n // 32, k // g, 32), torch.int8)
+        _packed_param(layer, "weight_scale", (n // 32, k // g, 32), torch.float32)
+
+    def quantize_and_pack(self, layer, w):
+        g = self._group(layer)
+        layer.x86_group = g
+        q, scale, zero = quantize_int4(w, g, self.config.zero_point)
+        if layer.x86_amx:
+            bw, bz, bs = pack_int4(q, scale, zero)
+            _set(layer, "weight", bw)
+            _set(layer, "weight_zp", bz)
+            _set(layer, "weight_scale", bs)
+            return
+        # PyTorch's int4 kernel: codes packed by aten, scale and zero interleaved
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        sz = torch.stack([scale.float(), (8 - zero.float()) * scale.float()], dim=-1).to(
+            torch.bfloat16
+        )
+        _set(layer, "weight", packed)
+        _set(layer, "weight_scale_zero", sz)
+
+    def matmul(self, layer, x, bias):
+        if layer.x86_amx:
+            out = torch.ops._C.int4_scaled_mm_cpu(
+                x, layer.weight, layer.weight_zp, layer.weight_scale, bias
+            )
+            return out
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x, layer.weight, layer.x86_group, layer.weight_scale_zero
+        )
+        return out if bias is None else out + bias.to(out.dtype)
