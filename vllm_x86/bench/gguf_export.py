@@ -262,5 +262,7 @@ def cached_export(model_dir: str | Path, dtype: str) -> Path:
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f"{model_dir.name}-{dtype}-*.gguf"):
+        stale.unlink()  # an export of an older version of this model directory
     _say(f"exporting {model_dir} to GGUF ({dtype}) for llama.cpp: {out}")
     return export(model_dir, out, dtype)
