@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 class BenchError(Exception):
@@ -23,6 +23,15 @@ class Contender:
     kind: str  # "plugin-server": `vllm-x86 serve`; "vllm-server": vLLM's own server; "llamacpp"
     description: str
     env: dict[str, str] = field(default_factory=dict)
+    # extra server flags (e.g. --quantization x86_int8)
+    args: tuple[str, ...] = ()
+    # "eager" or "compiled" for this contender only (`NAME@eager`); None: the run's --mode
+    mode: str | None = None
+
+    @property
+    def quantization(self) -> str | None:
+        a = self.args
+        return a[a.index("--quantization") + 1] if "--quantization" in a else None
 
     @property
     def is_server(self) -> bool:
@@ -63,6 +72,26 @@ CONTENDERS: dict[str, Contender] = {
             {"VLLM_CPU_OMP_THREADS_BIND": "0"},
         ),
         Contender(
+            "plugin-noops",
+            "plugin-server",
+            "vllm-x86 with its op table switched off (VLLM_X86_OPS=0): vLLM's own CPU ops, "
+            "the plugin's platform defaults (threads, KV cache size)",
+            {"VLLM_X86_OPS": "0"},
+        ),
+        Contender(
+            "plugin-int8",
+            "plugin-server",
+            "vllm-x86 quantizing the checkpoint to INT8 while it loads (`--quantization x86_int8`)",
+            args=("--quantization", "x86_int8"),
+        ),
+        Contender(
+            "plugin-int4",
+            "plugin-server",
+            "vllm-x86 quantizing the checkpoint to INT4, group 128, while it loads "
+            "(`--quantization x86_int4`)",
+            args=("--quantization", "x86_int4"),
+        ),
+        Contender(
             "llamacpp",
             "llamacpp",
             "llama.cpp through llama-cpp-python (Llama API in a fresh process, one thread per "
@@ -80,7 +109,9 @@ def llamacpp_available() -> bool:
 
 def parse_contenders(spec: str) -> list[Contender]:
     """'stock,plugin' -> contenders, in order. 'auto': stock, plugin, and llamacpp when
-    llama-cpp-python is installed. Raises BenchError for anything it cannot run."""
+    llama-cpp-python is installed. `NAME@eager` / `NAME@compiled` runs one contender in
+    that mode whatever --mode says (`plugin@eager,stock@compiled`). Raises BenchError for
+    anything it cannot run."""
     spec = spec.strip()
     if spec == "auto":
         names = ["stock", "plugin"] + (["llamacpp"] if llamacpp_available() else [])
@@ -88,7 +119,15 @@ def parse_contenders(spec: str) -> list[Contender]:
         names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise BenchError("no contenders given (--contenders stock,plugin)")
-    unknown = [n for n in names if n not in CONTENDERS]
+    modes = {}
+    for n in names:
+        base, _, m = n.partition("@")
+        if m and m not in ("eager", "compiled"):
+            raise BenchError(f"'{n}': the mode after '@' must be eager or compiled")
+        if m and CONTENDERS.get(base) is not None and not CONTENDERS[base].is_server:
+            raise BenchError(f"'{n}': only vLLM server contenders have an eager/compiled mode")
+        modes[n] = (base, m or None)
+    unknown = [n for n in names if modes[n][0] not in CONTENDERS]
     if unknown:
         raise BenchError(
             f"unknown contender(s): {', '.join(unknown)}. Known: {', '.join(CONTENDERS)} "
@@ -96,12 +135,20 @@ def parse_contenders(spec: str) -> list[Contender]:
         )
     if len(set(names)) != len(names):
         raise BenchError(f"a contender is named twice in '{spec}'")
-    if "llamacpp" in names and not llamacpp_available():
+    if any(modes[n][0] == "llamacpp" for n in names) and not llamacpp_available():
         raise BenchError(
             "the llamacpp contender needs llama-cpp-python, which is not installed. It "
             f"builds llama.cpp from source (about 4 minutes): {LLAMACPP_INSTALL}"
         )
-    return [CONTENDERS[n] for n in names]
+    out = []
+    for n in names:
+        base, m = modes[n]
+        c = CONTENDERS[base]
+        flag = "--enforce-eager" if m == "eager" else "vLLM's compiled mode"
+        out.append(
+            c if m is None else replace(c, name=n, mode=m, description=f"{c.description}; {flag}")
+        )
+    return out
 
 
 def contender_env(contender: Contender, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -246,12 +246,15 @@ def _weights(contenders: list[Contender], model_dir: Path, dtype: str, gguf: Pat
     from vllm_x86.bench.roofline import gguf_weight_bytes_per_token, hf_weight_bytes_per_token
 
     out: dict = {}
-    hf = None
     for c in contenders:
         if c.is_server:
-            hf = hf or hf_weight_bytes_per_token(model_dir, dtype)
+            quant = c.quantization
+            hf = hf_weight_bytes_per_token(model_dir, dtype, quant)
             tied = "tied" if hf["tied_embeddings"] else "untied"
-            out[c.name] = {**hf, "what": f"{dtype} weights, {tied} embeddings"}
+            what = f"{dtype} weights, {tied} embeddings"
+            if quant:
+                what += f", decoder linears {quant}"
+            out[c.name] = {**hf, "what": what}
         elif c.kind == "llamacpp" and gguf is not None:
             g = gguf_weight_bytes_per_token(gguf)
             out[c.name] = {**g, "what": f"GGUF {'/'.join(g['tensor_types'])}"}
@@ -287,7 +290,9 @@ def run(ns: argparse.Namespace, argv: list[str]) -> dict:
     model_arg = ns.model or (QUICK_MODEL if quick else None)
     model_dir, label, description = resolve_model(model_arg)
     names = [c.name for c in contenders]
-    baseline = BASELINE if BASELINE in names else names[0]
+    # stock, else stock in a given mode (stock@compiled), else the first contender
+    stockish = [n for n in names if n.split("@")[0] == BASELINE]
+    baseline = BASELINE if BASELINE in names else (stockish[0] if stockish else names[0])
 
     gguf = None
     if any(c.kind == "llamacpp" for c in contenders):

@@ -22,11 +22,24 @@ EMBED_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight")
 LM_HEAD_NAMES = ("lm_head.weight",)
 
 
-def _safetensors_numels(model_dir: Path) -> dict[str, int]:
+# Bytes per weight of a Linear layer quantized by the plugin, in the kernels' packed
+# layouts (vllm_x86/quant/methods.py): INT8 adds a float32 scale and an int32
+# compensation term per output channel; INT4 (group g) packs two weights per byte and
+# adds, per group of each output channel, a float32 scale, an int8 zero point and an
+# int32 compensation term (4 + 1 + 4 bytes per g weights).
+def quant_bytes_per_weight(quant: str, k: int, group: int = 128) -> float:
+    if quant == "x86_int8":
+        return 1.0 + 8.0 / k
+    if quant == "x86_int4":
+        return 0.5 + 9.0 / group
+    raise ValueError(f"unknown quantization '{quant}'")
+
+
+def _safetensors_shapes(model_dir: Path) -> dict[str, list[int]]:
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors in {model_dir}")
-    out: dict[str, int] = {}
+    out: dict[str, list[int]] = {}
     for f in files:
         with open(f, "rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
@@ -34,27 +47,50 @@ def _safetensors_numels(model_dir: Path) -> dict[str, int]:
         for name, info in header.items():
             if name == "__metadata__":
                 continue
-            numel = 1
-            for d in info["shape"]:
-                numel *= d
-            out[name] = numel
+            out[name] = list(info["shape"])
     return out
 
 
-def hf_weight_bytes_per_token(model_dir: str | Path, dtype: str) -> dict:
-    """Bytes of weights one decoded token reads, for a HF directory run in `dtype`."""
-    numels = _safetensors_numels(Path(model_dir))
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _is_quantized_linear(name: str, shape: list[int]) -> bool:
+    """Linear weights of the decoder layers: what x86_int8/x86_int4 quantize (the LM
+    head and embeddings stay in the compute dtype)."""
+    return ".layers." in name and name.endswith(".weight") and len(shape) == 2
+
+
+def hf_weight_bytes_per_token(
+    model_dir: str | Path, dtype: str, quant: str | None = None, group: int = 128
+) -> dict:
+    """Bytes of weights one decoded token reads, for a HF directory run in `dtype`
+    (and, with `quant`, its decoder Linear layers quantized by the plugin)."""
+    shapes = _safetensors_shapes(Path(model_dir))
+    numels = {n: _numel(s) for n, s in shapes.items()}
     total = sum(numels.values())
     embed = next((numels[n] for n in EMBED_NAMES if n in numels), 0)
     untied = any(n in numels for n in LM_HEAD_NAMES)
     read = total - embed if untied else total
-    return {
+    nbytes = read * DTYPE_BYTES[dtype]
+    if quant:
+        for n, s in shapes.items():
+            if _is_quantized_linear(n, s):
+                q = quant_bytes_per_weight(quant, s[1], group)
+                nbytes += round(numels[n] * (q - DTYPE_BYTES[dtype]))
+    out = {
         "params": total,
         "params_read_per_token": read,
         "tied_embeddings": not untied,
         "dtype": dtype,
-        "bytes_per_token": read * DTYPE_BYTES[dtype],
+        "bytes_per_token": int(nbytes),
     }
+    if quant:
+        out["quantization"] = quant
+    return out
 
 
 def gguf_weight_bytes_per_token(path: str | Path) -> dict:

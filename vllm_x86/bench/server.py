@@ -56,8 +56,9 @@ def server_command(
         "--max-model-len", str(max_model_len),
         "--served-model-name", SERVED_NAME,
     ]  # fmt: skip
-    if mode == "eager":
+    if (contender.mode or mode) == "eager":
         flags.append("--enforce-eager")
+    flags.extend(contender.args)
     if contender.kind == "plugin-server":
         return [sys.executable, "-m", "vllm_x86.cli", "serve", model, *flags]
     if contender.kind == "vllm-server":
