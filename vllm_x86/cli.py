@@ -1,4 +1,4 @@
-"""`vllm-x86`: serve, chat, pull, doctor, demo, bench.
+"""`vllm-x86`: serve, chat, pull, doctor, demo, bench, quantize.
 
 The CLI imports vLLM only where it must (serve hands over to vLLM's OpenAI server),
 so `doctor`, `pull` and `chat` start quickly.
@@ -284,6 +284,36 @@ def cmd_bench(ns: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- quantize
+
+
+def cmd_quantize(ns: argparse.Namespace) -> int:
+    from vllm_x86.quant.convert import ConvertError, quantize_checkpoint
+
+    model = ns.model
+    if not os.path.exists(os.path.expanduser(model)):
+        from vllm_x86.models.catalog import lookup
+
+        if lookup(model) is None:
+            raise CliError(
+                f"model '{model}' is neither a directory nor a name from `vllm-x86 pull --list`"
+            )
+        model, _ = resolve_serve_model(model)
+    try:
+        quantize_checkpoint(
+            model,
+            ns.out,
+            ns.bits,
+            group_size=ns.group_size,
+            zero_point=ns.zero_point,
+            force=ns.force,
+            progress=lambda m: print(m, flush=True),
+        )
+    except ConvertError as e:
+        raise CliError(str(e)) from None
+    return 0
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -379,6 +409,23 @@ def build_parser() -> argparse.ArgumentParser:
         "folder under --out. Method and results: docs/benchmarks.md.",
     )
     add_bench_arguments(b)
+
+    qz = sub.add_parser(
+        "quantize",
+        help="write an INT8/INT4 prepacked copy of a bf16 model that serves directly",
+        description="Quantize the Linear layers of a bf16/fp16 checkpoint to INT8 "
+        "(per-channel) or INT4 (group-wise) and write them packed for the plugin's AMX "
+        "kernels, with tokenizer and config, into OUT; `vllm-x86 serve OUT` serves it. "
+        "Format and measurements: docs/quantization.md.",
+    )
+    qz.add_argument("model", help="model directory or catalog name (`vllm-x86 pull --list`)")
+    qz.add_argument("out", help="output directory (must not exist or be empty)")
+    qz.add_argument("--bits", type=int, choices=(8, 4), required=True)
+    qz.add_argument(
+        "--group-size", type=int, default=128, choices=(32, 64, 128), help="INT4 (default: 128)"
+    )
+    qz.add_argument("--zero-point", action="store_true", help="INT4: asymmetric groups")
+    qz.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     return p
 
 
@@ -409,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         "doctor": lambda: cmd_doctor(ns),
         "demo": lambda: cmd_demo(ns),
         "bench": lambda: cmd_bench(ns, argv),
+        "quantize": lambda: cmd_quantize(ns),
     }
     try:
         return handlers[ns.cmd]()

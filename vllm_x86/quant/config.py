@@ -46,6 +46,7 @@ class _X86QuantConfig(QuantizationConfig):
         prepacked: bool = False,
         layout: str | None = None,
         format_version: int | None = None,
+        quantized_layers: list[str] | None = None,
     ) -> None:
         super().__init__()
         if group_size is None:
@@ -59,6 +60,8 @@ class _X86QuantConfig(QuantizationConfig):
         self.prepacked = prepacked
         self.layout = layout
         self.format_version = format_version
+        # prepacked: the checkpoint's (unfused) names of the layers it holds packed
+        self.quantized_layers = list(quantized_layers or [])
 
     def __repr__(self) -> str:
         extra = (
@@ -91,6 +94,7 @@ class _X86QuantConfig(QuantizationConfig):
             prepacked=bool(config.get("prepacked", False)),
             layout=config.get("layout"),
             format_version=config.get("format_version"),
+            quantized_layers=config.get("quantized_layers"),
         )
 
     def maybe_update_config(self, model_name: str, *args, **kwargs) -> None:
@@ -98,9 +102,20 @@ class _X86QuantConfig(QuantizationConfig):
             qformat.check_files(model_name)
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
-        if isinstance(layer, LinearBase):
-            return (Int4LinearMethod if self.BITS == 4 else Int8LinearMethod)(self)
-        return None  # embeddings and the LM head stay in bf16
+        if not isinstance(layer, LinearBase):
+            return None  # embeddings and the LM head stay in bf16
+        if self.prepacked:
+            from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+            from vllm.model_executor.layers.quantization.utils.quant_utils import (
+                is_layer_skipped,
+            )
+
+            # a fused layer (qkv_proj) is packed when its parts (q_proj, ...) are;
+            # vLLM raises if only some of them are
+            packed = is_layer_skipped(prefix, self.quantized_layers, self.packed_modules_mapping)
+            if not packed:
+                return UnquantizedLinearMethod()
+        return (Int4LinearMethod if self.BITS == 4 else Int8LinearMethod)(self)
 
 
 @register_quantization_config("x86_int8")

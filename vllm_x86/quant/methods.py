@@ -74,21 +74,31 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def _bf16_up(s: torch.Tensor) -> torch.Tensor:
+    """Positive float32 values rounded up to bf16 (returned as float32)."""
+    s = s.clamp_min(1e-12)
+    b = s.to(torch.bfloat16)
+    below = b.float() < s
+    b = torch.where(below, (b.view(torch.int16) + 1).view(torch.bfloat16), b)
+    return b.float()
+
+
 def quantize_int4(w: torch.Tensor, group_size: int, zero_point: bool):
     """Group-wise INT4: (q [N, K] int32 codes 0..15, scale [K/g, N] bf16,
     zero [K/g, N] int32 0..15). The weight a code stands for is (q - zero) * scale.
     Symmetric: zero = 8, scale = amax / 7 (codes 1..15 used). Asymmetric:
-    scale = (max - min) / 15 and zero = round(-min / scale). Scales are rounded to
-    bf16 first, since that is what the kernel multiplies by."""
+    scale = (max - min) / 15 and zero = round(-min / scale). Scales are rounded up to
+    bf16 first (the kernel multiplies by bf16 scales; rounding down would push the
+    extremes out of range)."""
     n, k = w.shape
     wg = w.float().view(n, k // group_size, group_size)
     if zero_point:
         lo = wg.amin(dim=-1).clamp(max=0)
         hi = wg.amax(dim=-1).clamp(min=0)
-        scale = ((hi - lo) / 15.0).clamp_min(1e-12).to(torch.bfloat16).float()
+        scale = _bf16_up((hi - lo) / 15.0)
         zero = torch.round(-lo / scale).clamp(0, 15)
     else:
-        scale = (wg.abs().amax(dim=-1) / 7.0).clamp_min(1e-12).to(torch.bfloat16).float()
+        scale = _bf16_up(wg.abs().amax(dim=-1) / 7.0)
         zero = torch.full_like(scale, 8.0)
     q = (torch.round(wg / scale[..., None]) + zero[..., None]).clamp(0, 15)
     return (
@@ -139,8 +149,9 @@ def pack_int4(q, scale, zero):
 
 
 def int8_shape_problem(n: int, k: int) -> str | None:
-    if k % 32 or n % 16:
-        return f"the AMX INT8 kernel needs K % 32 == 0 and N % 16 == 0 (N={n}, K={k})"
+    # the packer works on blocks of 32 output channels (16 alone is refused)
+    if k % 32 or n % 32:
+        return f"the AMX INT8 kernel needs N and K multiples of 32 (N={n}, K={k})"
     return None
 
 
@@ -166,21 +177,39 @@ def int4_shape_problem(n: int, k: int, group_size: int) -> str | None:
 # ------------------------------------------------------------------ methods
 
 
-def _plain_loader(param: Parameter, loaded_weight: torch.Tensor, *args, **kwargs) -> None:
-    """Prepacked tensors are stored whole (fused projections included)."""
-    if param.shape != loaded_weight.shape or param.dtype != loaded_weight.dtype:
-        raise ValueError(
-            f"prepacked tensor has shape {tuple(loaded_weight.shape)} {loaded_weight.dtype}, "
-            f"the model expects {tuple(param.shape)} {param.dtype}: the checkpoint was "
-            "written for another model shape or layout; quantize it again"
-        )
-    param.data.copy_(loaded_weight)
+def _packed_param(layer: Module, name: str, shape, dtype, weight_loader, rows_per_entry=1):
+    """A parameter for a prepacked tensor, loaded by the layer's own weight loader.
 
+    Prepacked checkpoints keep the checkpoint's unfused names (q_proj, k_proj, ...),
+    each tensor packed on its own. Packing works on blocks of 32 output channels and
+    packing a concatenation equals concatenating the packed parts (tested), so vLLM's
+    loaders for fused layers place each part at its output offset: `output_dim` 0, and
+    for the INT4 tensors, whose first dimension counts blocks of 32 channels,
+    `packed_dim` 0 with `packed_factor` 32 (the offsets are divided by it)."""
+    from vllm.model_executor.utils import set_weight_attrs
 
-def _packed_param(layer: Module, name: str, shape, dtype) -> None:
     p = Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
-    p.weight_loader = _plain_loader
+    attrs = {"output_dim": 0, "weight_loader": _checked(weight_loader, dtype)}
+    if rows_per_entry > 1:
+        attrs.update(packed_dim=0, packed_factor=rows_per_entry)
+    set_weight_attrs(p, attrs)
     layer.register_parameter(name, p)
+
+
+def _checked(weight_loader, dtype):
+    """The layer's loader, after a dtype check: a bf16 tensor where a packed one
+    belongs means the checkpoint and its config disagree."""
+
+    def load(param, loaded_weight, *args, **kwargs):
+        if loaded_weight.dtype != dtype:
+            raise ValueError(
+                f"prepacked tensor of dtype {loaded_weight.dtype} where {dtype} belongs: "
+                "the checkpoint's files and its quantization_config disagree; quantize "
+                "the bf16 model again"
+            )
+        return weight_loader(param, loaded_weight, *args, **kwargs)
+
+    return load
 
 
 def _set(layer: Module, name: str, t: torch.Tensor) -> None:
@@ -237,7 +266,12 @@ class _X86QuantLinearMethod:
                 f"shape{n}x{k}", "vllm-x86: a %dx%d linear layer stays in bf16: %s", n, k, problem
             )
         if self.config.prepacked and layer.x86_quantized:
-            self.create_prepacked(layer, n, k)
+            if input_size_per_partition != input_size or n != output_size:
+                raise ValueError(
+                    "prepacked x86 checkpoints run with tensor parallel size 1; serve the "
+                    "bf16 model with --quantization to split it"
+                )
+            self.create_prepacked(layer, n, k, extra_weight_attrs["weight_loader"])
         else:
             self._create_bf16(layer, k, n, params_dtype, dict(extra_weight_attrs))
 
@@ -284,9 +318,9 @@ class X86Int8Linear(_X86QuantLinearMethod):
     def shape_problem(self, n, k):
         return int8_shape_problem(n, k)
 
-    def create_prepacked(self, layer, n, k):
-        _packed_param(layer, "weight", (n, k + 4), torch.int8)
-        _packed_param(layer, "weight_scale", (n,), torch.float32)
+    def create_prepacked(self, layer, n, k, loader):
+        _packed_param(layer, "weight", (n, k + 4), torch.int8, loader)
+        _packed_param(layer, "weight_scale", (n,), torch.float32, loader)
 
     def quantize_and_pack(self, layer, w):
         q, scale = quantize_int8(w)
@@ -322,14 +356,15 @@ class X86Int4Linear(_X86QuantLinearMethod):
             )
         return g
 
-    def create_prepacked(self, layer, n, k):
+    def create_prepacked(self, layer, n, k, loader):
         g = self._group(layer)
+        layer.x86_group = g
         # shapes of convert_weight_packed_scale_zp's outputs for an [N, K] weight:
         # blocks of 32 output channels x one group, 16 bytes of codes per input
         # channel plus 128 bytes of per-block sums
-        _packed_param(layer, "weight", (n // 32, k // g, g * 16 + 128), torch.uint8)
-        _packed_param(layer, "weight_zp", (n // 32, k // g, 32), torch.int8)
-        _packed_param(layer, "weight_scale", (n // 32, k // g, 32), torch.float32)
+        _packed_param(layer, "weight", (n // 32, k // g, g * 16 + 128), torch.uint8, loader, 32)
+        _packed_param(layer, "weight_zp", (n // 32, k // g, 32), torch.int8, loader, 32)
+        _packed_param(layer, "weight_scale", (n // 32, k // g, 32), torch.float32, loader, 32)
 
     def quantize_and_pack(self, layer, w):
         g = self._group(layer)

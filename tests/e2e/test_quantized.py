@@ -1,0 +1,139 @@
+"""Quantized models served for real (vLLM's LLM class in a fresh process, eager, bf16).
+
+- A prepacked checkpoint written by `vllm-x86 quantize` gives exactly the tokens of the
+  same bf16 model quantized while it loads (`--quantization x86_int8|x86_int4`): same
+  quantizer, same packing, same kernels, so any difference is a loading bug.
+- A truncated prepacked checkpoint stops the start with a sentence, not garbage.
+- Quantized checkpoints stock vLLM CPU serves still serve with the plugin installed:
+  an AWQ checkpoint the test writes gives the tokens of its own dequantized weights.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+from tests.conftest import HELPERS, PYTHON, clean_env
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not torch.cpu._is_amx_tile_supported(), reason="the CPU has no AMX (x86_int8/int4 kernels)"
+    ),
+]
+
+PROMPTS = [[1, 504, 3458, 282, 4649, 314, 253, 1024, 2]]  # token ids, tiny-llama's vocabulary
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def tiny(default_model):
+    """Random-weight tiny Llama (hidden 256, 4 layers) with the default model's tokenizer."""
+    from vllm_x86.bench.synthetic import build
+
+    return build("tiny-llama")
+
+
+def generate(model, *extra, dtype="bfloat16", check=True) -> dict | subprocess.CompletedProcess:
+    r = subprocess.run(
+        [
+            PYTHON,
+            str(HELPERS / "run_llm.py"),
+            "--model",
+            str(model),
+            "--dtype",
+            dtype,
+            "--eager",
+            "--prompt-ids",
+            json.dumps(PROMPTS),
+            "--max-tokens",
+            str(NEW_TOKENS),
+            *extra,
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=clean_env(),
+    )
+    if not check:
+        return r
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    line = next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_prepacked_equals_quantized_while_loading(tiny, tmp_path, bits):
+    from vllm_x86.quant.convert import quantize_checkpoint
+
+    out = tmp_path / f"int{bits}"
+    quantize_checkpoint(tiny, out, bits, progress=None)
+    on_the_fly = generate(tiny, "--quantization", f"x86_int{bits}")
+    prepacked = generate(out)
+    assert prepacked["platform"] == "X86Platform"
+    assert len(prepacked["token_ids"][0]) == NEW_TOKENS
+    assert prepacked["token_ids"] == on_the_fly["token_ids"]
+
+
+def test_truncated_prepacked_checkpoint_is_refused(tiny, tmp_path):
+    from vllm_x86.quant.convert import quantize_checkpoint
+
+    out = tmp_path / "int8"
+    quantize_checkpoint(tiny, out, 8, progress=None)
+    f = out / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-4096])
+    r = generate(out, check=False)
+    assert r.returncode != 0
+    assert "truncated" in r.stdout + r.stderr
+    assert "RESULT" not in r.stdout
+
+
+def _write_awq(src, dst, group: int = 128) -> None:
+    """An AWQ (GEMM layout, zero points) copy of `src`, and beside it `dst`-dequant: the
+    same model with the weights the AWQ codes stand for, in float32."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from vllm_x86.quant import methods as m
+
+    shutil.copytree(src, dst)
+    deq_dir = dst.parent / (dst.name + "-dequant")
+    shutil.copytree(src, deq_dir)
+    w = load_file(str(src / "model.safetensors"))
+    awq, deq = {}, {}
+    for name, t in w.items():
+        if ".layers." in name and name.endswith("_proj.weight"):
+            q, scale, zero = m.quantize_int4(t, group, True)
+            mod = name[: -len(".weight")]
+            awq[mod + ".qweight"] = m._awq_pack(q.t().contiguous())
+            awq[mod + ".qzeros"] = m._awq_pack(zero)
+            awq[mod + ".scales"] = scale.to(torch.float16)
+            deq[name] = m.dequantize_int4(q, scale.to(torch.float16), zero, group)
+        else:
+            awq[name] = t
+            deq[name] = t.float()
+    save_file(awq, str(dst / "model.safetensors"))
+    save_file(deq, str(deq_dir / "model.safetensors"))
+    cfg = json.loads((src / "config.json").read_text())
+    (deq_dir / "config.json").write_text(json.dumps(cfg))
+    cfg["quantization_config"] = {
+        "quant_method": "awq",
+        "bits": 4,
+        "group_size": group,
+        "zero_point": True,
+        "version": "gemm",
+    }
+    (dst / "config.json").write_text(json.dumps(cfg))
+
+
+def test_awq_checkpoint_still_serves(tiny, tmp_path):
+    awq = tmp_path / "awq"
+    _write_awq(tiny, awq)
+    got = generate(awq, dtype="float16")
+    assert got["platform"] == "X86Platform"
+    want = generate(tmp_path / "awq-dequant", dtype="float16")
+    assert got["token_ids"][0][:8] == want["token_ids"][0][:8]

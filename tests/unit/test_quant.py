@@ -1,0 +1,314 @@
+"""x86_int8 / x86_int4: quantizers, kernels against a float32 dequantize-then-matmul
+reference, the prepacked format's assumptions, the converter and its error messages.
+
+Tolerances (relative Frobenius error of the layer output, ||y - y_ref|| / ||y_ref||):
+- PyTorch's weight-only kernels (no AMX, VLLM_X86_QUANT_KERNEL=torch) against the
+  dequantized weight times the bf16 activations: 1e-2 (bf16 rounding of the output).
+- the AMX kernels, which also quantize the activations per token to 8 bits: against the
+  same reference 2e-2 (measured 0.8-0.9e-2); against a reference that quantizes the
+  activations the same way (symmetric per token, amax/127), 5e-3 (measured 1.7-1.9e-3,
+  the bf16 rounding of the output). A packing or scale error gives errors near 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from vllm_x86.quant import methods as m
+
+AMX = bool(torch.cpu._is_amx_tile_supported())
+needs_amx = pytest.mark.skipif(not AMX, reason="the CPU has no AMX (the kernels are AMX)")
+
+SHAPES = [(256, 576), (1024, 1024), (576, 1536)]  # (N, K): SmolLM2 and Qwen3 layers
+ROWS = [1, 8, 32, 64]
+
+
+def _rel(y, ref) -> float:
+    return float((y.float() - ref).norm() / ref.norm())
+
+
+def _act_quant(x: torch.Tensor) -> torch.Tensor:
+    s = x.float().abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0
+    return torch.round(x.float() / s).clamp(-127, 127) * s
+
+
+class _Layer(torch.nn.Module):
+    pass
+
+
+def _layer(w: torch.Tensor, method) -> _Layer:
+    layer = _Layer()
+    n, k = w.shape
+    layer.x86_shape = (n, k)
+    layer.x86_quantized = True
+    layer.x86_amx = m.amx_available()
+    method.quantize_and_pack(layer, w)
+    return layer
+
+
+class _Cfg:
+    def __init__(self, group_size=128, zero_point=False):
+        self.group_size = group_size
+        self.zero_point = zero_point
+        self.prepacked = False
+
+    def get_name(self):
+        return "test"
+
+
+def _data(n, k, rows, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16)
+    x = torch.randn(rows, k, generator=g).to(torch.bfloat16)
+    return w, x
+
+
+# ------------------------------------------------------------------ quantizers
+
+
+def test_int8_quantizer_error_is_half_a_step():
+    w, _ = _data(256, 576, 1)
+    q, scale = m.quantize_int8(w)
+    assert q.dtype == torch.int8 and scale.shape == (256,)
+    err = (m.dequantize_int8(q, scale) - w.float()).abs()
+    assert (err <= scale[:, None] / 2 + 1e-6).all()
+
+
+@pytest.mark.parametrize("zero_point", [False, True])
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_quantizer_error_is_half_a_step(group, zero_point):
+    w, _ = _data(64, 256, 1)
+    q, scale, zero = m.quantize_int4(w, group, zero_point)
+    assert int(q.min()) >= 0 and int(q.max()) <= 15
+    deq = m.dequantize_int4(q, scale, zero, group)
+    step = scale.t().float().repeat_interleave(group, dim=1)
+    # symmetric: half a step; asymmetric: the rounded zero point can shift the grid by
+    # half a step, so the largest value of a group may be off by up to one step
+    bound = step if zero_point else step / 2
+    assert ((deq - w.float()).abs() <= bound + 1e-6).all()
+
+
+def test_effective_group_size_falls_back_for_576():
+    assert m.effective_group_size(576, 128) == 64
+    assert m.effective_group_size(1024, 128) == 128
+    assert m.effective_group_size(96, 128) == 32
+    assert m.effective_group_size(40, 128) is None
+
+
+# ------------------------------------------------------------------ kernels
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_int8_amx_kernel_matches_reference(n, k, rows):
+    w, x = _data(n, k, rows)
+    layer = _layer(w, m.X86Int8Linear(_Cfg()))
+    y = m.X86Int8Linear(_Cfg()).matmul(layer, x, None)
+    q, scale = m.quantize_int8(w)
+    wd = m.dequantize_int8(q, scale)
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
+    assert _rel(y, _act_quant(x) @ wd.t()) < 5e-3
+    assert _rel(y, x.float() @ wd.t()) < 2e-2
+
+
+@needs_amx
+def test_int8_amx_kernel_bias():
+    w, x = _data(256, 576, 8)
+    bias = torch.randn(256)
+    layer = _layer(w, m.X86Int8Linear(_Cfg()))
+    y0 = m.X86Int8Linear(_Cfg()).matmul(layer, x, None)
+    y1 = m.X86Int8Linear(_Cfg()).matmul(layer, x, bias)
+    assert _rel(y1.float() - y0.float(), bias.expand(8, -1)) < 1e-2
+
+
+@needs_amx
+@pytest.mark.parametrize("zero_point", [False, True])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("rows", ROWS)
+def test_int4_amx_kernel_matches_reference(rows, group, zero_point):
+    n, k = 1024, 1024
+    w, x = _data(n, k, rows)
+    cfg = _Cfg(group, zero_point)
+    layer = _layer(w, m.X86Int4Linear(cfg))
+    y = m.X86Int4Linear(cfg).matmul(layer, x, None)
+    wd = m.dequantize_int4(*m.quantize_int4(w, group, zero_point), group)
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
+    assert _rel(y, _act_quant(x) @ wd.t()) < 5e-3
+    assert _rel(y, x.float() @ wd.t()) < 2e-2
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_torch_weight_only_kernels_match_reference(rows, monkeypatch):
+    monkeypatch.setenv("VLLM_X86_QUANT_KERNEL", "torch")
+    n, k = 256, 1024
+    w, x = _data(n, k, rows)
+    layer = _layer(w, m.X86Int8Linear(_Cfg()))
+    assert not layer.x86_amx
+    y = m.X86Int8Linear(_Cfg()).matmul(layer, x, None)
+    assert _rel(y, x.float() @ m.dequantize_int8(*m.quantize_int8(w)).t()) < 1e-2
+    cfg = _Cfg(128, True)
+    layer = _layer(w, m.X86Int4Linear(cfg))
+    y = m.X86Int4Linear(cfg).matmul(layer, x, None)
+    wd = m.dequantize_int4(*m.quantize_int4(w, 128, True), 128)
+    assert _rel(y, x.float() @ wd.t()) < 1e-2
+
+
+@needs_amx
+def test_packing_a_concatenation_is_concatenating_the_packs():
+    """The prepacked format stores q_proj, k_proj, ... packed separately and lets vLLM's
+    loaders place them in the fused layer: correct only if this holds."""
+    a, _ = _data(96, 576, 1, seed=1)
+    b, _ = _data(64, 576, 1, seed=2)
+    qa, _ = m.quantize_int8(a)
+    qb, _ = m.quantize_int8(b)
+    assert torch.equal(
+        m.pack_int8(torch.cat([qa, qb])), torch.cat([m.pack_int8(qa), m.pack_int8(qb)])
+    )
+    ra, rb = m.quantize_int4(a, 64, True), m.quantize_int4(b, 64, True)
+    fused = m.pack_int4(
+        torch.cat([ra[0], rb[0]]), torch.cat([ra[1], rb[1]], 1), torch.cat([ra[2], rb[2]], 1)
+    )
+    for f, pa, pb in zip(fused, m.pack_int4(*ra), m.pack_int4(*rb), strict=True):
+        assert torch.equal(f, torch.cat([pa, pb]))
+
+
+# ------------------------------------------------------------------ format checks
+
+
+def test_format_version_and_layout_mismatch_are_clear_errors():
+    from vllm_x86.quant import format as qf
+
+    good = {
+        "quant_method": "x86_int8",
+        "prepacked": True,
+        "format_version": qf.FORMAT_VERSION,
+        "layout": qf.expected_layout("x86_int8"),
+    }
+    qf.check_config(good, "x86_int8")
+    with pytest.raises(qf.FormatError, match="format version 99.*quantize"):
+        qf.check_config({**good, "format_version": 99}, "x86_int8")
+    with pytest.raises(qf.FormatError, match="packed as 'other'"):
+        qf.check_config({**good, "layout": "other"}, "x86_int8")
+
+
+# ------------------------------------------------------------------ converter
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16(tmp_path_factory):
+    """A 2-layer random Llama in bf16 whose shapes the kernels take."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=512,
+        tie_word_embeddings=True,
+    )
+    cfg.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    out = tmp_path_factory.mktemp("tiny") / "bf16"
+    model.save_pretrained(str(out))
+    (out / "tokenizer_config.json").write_text("{}\n")
+    return out
+
+
+@needs_amx
+@pytest.mark.parametrize("bits", [8, 4])
+def test_converter_writes_a_prepacked_checkpoint(tiny_bf16, tmp_path, bits):
+    from safetensors import safe_open
+
+    from vllm_x86.quant import format as qf
+    from vllm_x86.quant.convert import quantize_checkpoint
+
+    out = tmp_path / f"int{bits}"
+    lines: list[str] = []
+    manifest = quantize_checkpoint(tiny_bf16, out, bits, progress=lines.append)
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert cfg["quant_method"] == f"x86_int{bits}" and cfg["prepacked"] is True
+    assert cfg["format_version"] == qf.FORMAT_VERSION
+    assert len(cfg["quantized_layers"]) == 2 * 7  # q k v o gate up down, 2 layers
+    assert (out / "tokenizer_config.json").is_file()
+    assert manifest["files"]["model.safetensors"]["bytes"] == os.path.getsize(
+        out / "model.safetensors"
+    )
+    assert any("serve it with" in line for line in lines)
+    qf.check_files(str(out))
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        qw = f.get_tensor("model.layers.0.self_attn.q_proj.weight")
+        assert f.get_tensor("model.norm.weight").dtype == torch.bfloat16
+    assert "model.layers.1.mlp.down_proj.weight_scale" in keys
+    assert qw.dtype == (torch.int8 if bits == 8 else torch.uint8)
+    assert not (tmp_path / f"int{bits}.partial").exists()
+
+
+@needs_amx
+def test_truncated_or_missing_files_are_caught(tiny_bf16, tmp_path):
+    from vllm_x86.quant import format as qf
+    from vllm_x86.quant.convert import quantize_checkpoint
+
+    out = tmp_path / "int8"
+    quantize_checkpoint(tiny_bf16, out, 8, progress=None)
+    f = out / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(qf.FormatError, match="truncated"):
+        qf.check_files(str(out))
+    f.write_bytes(data)
+    qf.check_files(str(out))
+    (out / qf.MANIFEST).unlink()
+    with pytest.raises(qf.FormatError, match="no x86_quant.json"):
+        qf.check_files(str(out))
+
+
+def test_converter_refuses_bad_input(tiny_bf16, tmp_path):
+    from vllm_x86.quant.convert import ConvertError, quantize_checkpoint
+
+    with pytest.raises(ConvertError, match="not a model directory"):
+        quantize_checkpoint(tmp_path / "nowhere", tmp_path / "o", 8, progress=None)
+    with pytest.raises(ConvertError, match="--bits must be 8 or 4"):
+        quantize_checkpoint(tiny_bf16, tmp_path / "o", 3, progress=None)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    if AMX:
+        with pytest.raises(ConvertError, match="not empty"):
+            quantize_checkpoint(tiny_bf16, tmp_path / "full", 8, progress=None)
+        out = tmp_path / "q"
+        quantize_checkpoint(tiny_bf16, out, 8, progress=None)
+        with pytest.raises(ConvertError, match="already quantized"):
+            quantize_checkpoint(out, tmp_path / "qq", 8, progress=None)
+
+
+def test_cli_quantize_bad_model_exits_with_a_sentence(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_x86.cli",
+            "quantize",
+            str(tmp_path / "no"),
+            "o",
+            "--bits",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1
+    assert "neither a directory nor a name" in r.stderr
+    assert "Traceback" not in r.stderr

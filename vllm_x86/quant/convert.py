@@ -1,0 +1,201 @@
+"""`vllm-x86 quantize MODEL OUT --bits 8|4`: write a prepacked checkpoint.
+
+The output is a model directory vLLM serves directly (`vllm-x86 serve OUT`): the
+decoder's Linear weights quantized and packed in the kernels' layout, everything else
+(norms, embeddings, LM head, biases, MoE experts) copied as it is, tokenizer and other
+files copied, config.json with a `quantization_config` (format.py), and x86_quant.json
+with the size of every weight file.
+
+Each Linear weight is quantized and packed on its own, under its checkpoint name
+(q_proj, k_proj, v_proj, ...): vLLM's loaders then fuse them as they do bf16 weights
+(methods.py, `_packed_param`). What is quantized is what `--quantization` quantizes on
+the fly: 2-D `.weight` tensors of the decoder layers whose shape the kernels take;
+MoE expert weights stay in the compute dtype (vLLM's fused-MoE layer runs them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from vllm_x86.quant import format as qformat
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+class ConvertError(Exception):
+    """The conversion cannot run as asked; the message is meant for the user."""
+
+
+def is_quantizable(name: str, shape: tuple[int, ...]) -> bool:
+    return (
+        ".layers." in name
+        and name.endswith(".weight")
+        and len(shape) == 2
+        and ".experts." not in name
+    )
+
+
+def _say(progress, msg: str) -> None:
+    if progress:
+        progress(msg)
+
+
+def quantize_checkpoint(
+    model_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    bits: int,
+    group_size: int = 128,
+    zero_point: bool = False,
+    force: bool = False,
+    progress=print,
+) -> dict:
+    """Convert; returns the manifest. Raises ConvertError with a sentence for the user."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from vllm_x86 import __version__
+    from vllm_x86.quant import methods as m
+
+    src, out = Path(model_dir).expanduser(), Path(out_dir).expanduser()
+    name = {8: "x86_int8", 4: "x86_int4"}.get(bits)
+    if name is None:
+        raise ConvertError(f"--bits must be 8 or 4, not {bits}")
+    if bits == 4 and group_size not in (32, 64, 128):
+        raise ConvertError(f"--group-size must be 32, 64 or 128, not {group_size}")
+    if not (src / "config.json").is_file():
+        raise ConvertError(
+            f"'{model_dir}' is not a model directory (no config.json); give the directory "
+            "of a bf16 or fp16 Hugging Face checkpoint"
+        )
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        raise ConvertError(
+            f"'{model_dir}' has no *.safetensors weights; the converter reads safetensors "
+            "checkpoints"
+        )
+    config = json.loads((src / "config.json").read_text())
+    if config.get("quantization_config"):
+        method = config["quantization_config"].get("quant_method", "?")
+        raise ConvertError(
+            f"'{model_dir}' is already quantized ({method}); give the bf16/fp16 checkpoint"
+        )
+    if out.resolve() == src.resolve():
+        raise ConvertError("the output directory must differ from the model directory")
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise ConvertError(f"'{out_dir}' exists and is not empty (--force replaces it)")
+        shutil.rmtree(out)
+    if not m.amx_available():
+        raise ConvertError(
+            "the prepacked format is laid out for the AMX kernels and this CPU has no AMX "
+            f"(or VLLM_X86_QUANT_KERNEL=torch is set); serve the bf16 model with "
+            f"--quantization {name} instead"
+        )
+
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    t0 = time.monotonic()
+    quantized: list[str] = []
+    kept: list[str] = []
+    weight_map: dict[str, str] = {}
+    in_bytes = 0
+    for i, f in enumerate(files, 1):
+        in_bytes += f.stat().st_size
+        tensors: dict[str, torch.Tensor] = {}
+        with safe_open(str(f), framework="pt") as sf:
+            keys = list(sf.keys())
+            metadata = sf.metadata()
+            for j, key in enumerate(keys, 1):
+                if j % 100 == 0:
+                    _say(progress, f"  {f.name}: {j}/{len(keys)} tensors")
+                t = sf.get_tensor(key)
+                module = key[: -len(".weight")]
+                if not (is_quantizable(key, tuple(t.shape)) and t.is_floating_point()):
+                    tensors[key] = t
+                    continue
+                n, k = t.shape
+                problem = (
+                    m.int8_shape_problem(n, k)
+                    if bits == 8
+                    else m.int4_shape_problem(n, k, group_size)
+                )
+                if problem:
+                    kept.append(module)
+                    _say(progress, f"  {key} stays {t.dtype}: {problem}")
+                    tensors[key] = t
+                    continue
+                if bits == 8:
+                    q, scale = m.quantize_int8(t)
+                    tensors[key] = m.pack_int8(q)
+                    tensors[module + ".weight_scale"] = scale
+                else:
+                    g = m.effective_group_size(k, group_size)
+                    bw, bz, bs = m.pack_int4(*m.quantize_int4(t, g, zero_point))
+                    tensors[key] = bw
+                    tensors[module + ".weight_zp"] = bz
+                    tensors[module + ".weight_scale"] = bs
+                quantized.append(module)
+        tensors = {k: v.contiguous() for k, v in tensors.items()}
+        save_file(tensors, str(tmp / f.name), metadata=metadata)
+        weight_map.update({k: f.name for k in tensors})
+        _say(progress, f"[{i}/{len(files)}] {f.name}: {len(tensors)} tensors written")
+    if not quantized:
+        shutil.rmtree(tmp)
+        raise ConvertError(
+            f"no Linear layer of '{model_dir}' has a shape the {name} kernels take; "
+            "nothing to quantize"
+        )
+
+    for item in src.iterdir():
+        if (
+            item.name == "config.json"
+            or item.name.startswith(".")
+            or item.name.endswith(WEIGHT_SUFFIXES)
+        ):
+            continue
+        if item.name.endswith(".safetensors.index.json"):
+            index = json.loads(item.read_text())
+            index["weight_map"] = weight_map
+            index.setdefault("metadata", {}).pop("total_size", None)
+            (tmp / item.name).write_text(json.dumps(index, indent=2) + "\n")
+        elif item.is_file():
+            shutil.copy2(item, tmp / item.name)
+        elif item.is_dir():
+            shutil.copytree(item, tmp / item.name)
+    config["quantization_config"] = {
+        "quant_method": name,
+        "bits": bits,
+        "group_size": group_size if bits == 4 else None,
+        "zero_point": bool(zero_point) if bits == 4 else False,
+        "prepacked": True,
+        "layout": qformat.expected_layout(name),
+        "format_version": qformat.FORMAT_VERSION,
+        "quantized_layers": quantized,
+    }
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    manifest = qformat.write_manifest(
+        str(tmp),
+        {
+            "quant_method": name,
+            "written_by": f"vllm-x86 {__version__}",
+            "source": str(src),
+            "quantized_layers": len(quantized),
+            "kept_layers": kept,
+        },
+    )
+    tmp.rename(out)
+    out_bytes = sum(v["bytes"] for v in manifest["files"].values())
+    _say(
+        progress,
+        f"{name}: {len(quantized)} layers quantized, {len(kept)} kept; weights "
+        f"{in_bytes / 2**20:.0f} MiB -> {out_bytes / 2**20:.0f} MiB in "
+        f"{time.monotonic() - t0:.1f} s; serve it with: vllm-x86 serve {out}",
+    )
+    return manifest
