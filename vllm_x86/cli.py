@@ -113,6 +113,14 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
             sys.executable, [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--help"]
         )
     argv, host, port = serve_argv(ns.model, passthrough)
+    if not ns.no_daemon:
+        from vllm_x86.daemon.cli import DaemonError, serve_with_daemon
+
+        try:
+            if serve_with_daemon(argv[3:], argv[argv.index("--model") + 1]):
+                return 0
+        except DaemonError as e:
+            raise CliError(str(e)) from None
     where = "this machine only" if host in ("127.0.0.1", "localhost", "::1") else "the network"
     print(
         f"vllm-x86: serving {argv[argv.index('--model') + 1]} on http://{host}:{port}/v1 "
@@ -314,6 +322,18 @@ def cmd_quantize(ns: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- daemon
+
+
+def cmd_daemon(ns: argparse.Namespace) -> int:
+    from vllm_x86.daemon.cli import DaemonError, run
+
+    try:
+        return run(ns)
+    except DaemonError as e:
+        raise CliError(str(e)) from None
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -343,6 +363,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--help-vllm", action="store_true", help="show all of vLLM's server flags and exit"
+    )
+    s.add_argument(
+        "--no-daemon",
+        action="store_true",
+        help="start a server of its own even when a standby daemon runs (by default "
+        "a running `vllm-x86 daemon` serves the model)",
     )
 
     c = sub.add_parser(
@@ -410,6 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_bench_arguments(b)
 
+    from vllm_x86.daemon.cli import add_parser as add_daemon_parser
+
+    add_daemon_parser(sub)
+
     qz = sub.add_parser(
         "quantize",
         help="write an INT8/INT4 prepacked copy of a bf16 model that serves directly",
@@ -436,8 +466,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "serve":
         # vLLM's flags pass through untouched, so only our own are parsed here: the
         # model is the first argument if it is not a flag (as in `vllm serve MODEL`).
-        ns = argparse.Namespace(cmd="serve", model=None, help_vllm=False)
+        ns = argparse.Namespace(cmd="serve", model=None, help_vllm=False, no_daemon=False)
         rest = argv[1:]
+        if "--no-daemon" in rest:
+            ns.no_daemon = True
+            rest = [a for a in rest if a != "--no-daemon"]
         if "-h" in rest or "--help" in rest:
             parser.parse_args(["serve", "--help"])  # prints serve's help and exits
         if "--help-vllm" in rest:
@@ -456,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         "doctor": lambda: cmd_doctor(ns),
         "demo": lambda: cmd_demo(ns),
         "bench": lambda: cmd_bench(ns, argv),
+        "daemon": lambda: cmd_daemon(ns),
         "quantize": lambda: cmd_quantize(ns),
     }
     try:

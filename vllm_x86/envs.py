@@ -63,6 +63,27 @@ SETTINGS: tuple[Setting, ...] = (
         "group), 0 for symmetric ones.",
     ),
     Setting(
+        "VLLM_X86_ENGINE_FORK",
+        "1",
+        "`vllm-x86 serve` and the standby daemon start vLLM's engine-core and worker "
+        "processes by fork, so they inherit the server's imports instead of importing "
+        "torch and vLLM again; 0: vLLM CPU's spawn. Other entry points (the LLM class, "
+        "vLLM's own server module) always spawn, as vLLM CPU does whatever "
+        "VLLM_WORKER_MULTIPROC_METHOD says.",
+    ),
+    Setting(
+        "VLLM_X86_DAEMON_DIR",
+        "<VLLM_X86_CACHE_DIR>/daemon",
+        "Where the standby daemon keeps its pid file, state file (control port) and logs "
+        "(`vllm-x86 daemon`). One daemon per directory.",
+    ),
+    Setting(
+        "VLLM_X86_DAEMON_PORT",
+        "0",
+        "Loopback TCP port of the standby daemon's control API; 0: a free port, written "
+        "to the state file (`vllm-x86 daemon status` shows it).",
+    ),
+    Setting(
         "VLLM_X86_ISA",
         "auto",
         "Which build of the plugin's kernels runs: auto (the best this CPU has), "
@@ -89,3 +110,8 @@ def disabled() -> bool:
 
 def cache_dir() -> str:
     return os.path.expanduser(get("VLLM_X86_CACHE_DIR"))
+
+
+def daemon_dir() -> str:
+    value = os.environ.get("VLLM_X86_DAEMON_DIR", "")
+    return os.path.expanduser(value) if value else os.path.join(cache_dir(), "daemon")

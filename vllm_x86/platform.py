@@ -23,7 +23,7 @@ import os
 
 from vllm.platforms.cpu import CpuPlatform
 
-from vllm_x86 import hardware
+from vllm_x86 import envs, hardware
 from vllm_x86.defaults import choose_kv_cache_bytes, choose_threads
 from vllm_x86.hardware import GiB
 from vllm_x86.log import get_logger
@@ -158,7 +158,8 @@ class X86Platform(CpuPlatform):
             )
         cls._apply_thread_layout()
         cls._apply_kv_cache_size(vllm_config)
-        super().check_and_update_config(vllm_config)
+        super().check_and_update_config(vllm_config)  # sets vLLM CPU's "spawn"
+        cls._apply_engine_start()
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == STOCK_WORKER:
             parallel.worker_cls = X86_WORKER
@@ -167,6 +168,39 @@ class X86Platform(CpuPlatform):
         from vllm_x86.ops import registry
 
         registry.register_all()
+
+    @classmethod
+    def _apply_engine_start(cls) -> None:
+        """How vLLM starts its engine-core and worker processes. vLLM CPU always spawns
+        them: each is a fresh interpreter that imports torch and vLLM again (about 5 s
+        each on a development machine). Forked, they inherit this process's imports
+        instead (docs/startup.md: the cold start halves). A fork is only safe while the
+        parent has never run an OpenMP parallel region (the child would deadlock), which
+        the plugin can vouch for only in its own server: `vllm-x86 serve` and the standby
+        daemon (VLLM_X86_CLI=serve), where no user code runs before the engine starts.
+        The LLM class and other entry points keep vLLM's spawn. (vLLM CPU sets spawn
+        whatever VLLM_WORKER_MULTIPROC_METHOD says, and vLLM's server sets it when unset,
+        so the plugin's own setting, VLLM_X86_ENGINE_FORK, is the one that decides.)"""
+        chosen = os.environ.get(CHOSEN_ENV, "").split(",")
+        if "fork" in chosen:  # chosen by the process that started this one
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+            return
+        if "spawn" in chosen or os.environ.get("VLLM_X86_CLI") != "serve":
+            return
+        if not envs.get_bool("VLLM_X86_ENGINE_FORK"):
+            _mark_chosen("spawn")
+            _info_once(
+                "engine_start",
+                "vllm-x86: engine processes start by spawn (VLLM_X86_ENGINE_FORK=0)",
+            )
+            return
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        _mark_chosen("fork")
+        _info_once(
+            "engine_start",
+            "vllm-x86: engine-core and worker processes start by fork, inheriting this "
+            "process's imports (VLLM_X86_ENGINE_FORK=0: vLLM CPU's spawn)",
+        )
 
     @classmethod
     def _apply_thread_layout(cls) -> None:

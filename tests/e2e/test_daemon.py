@@ -1,0 +1,236 @@
+"""The standby daemon for real: a separate process, driven through the CLI and over HTTP.
+
+One daemon (its own directory, a free control port) serves the whole module, in order:
+start; `vllm-x86 serve` hands the default model to it; a second model replaces it on the
+same port; a missing path and a corrupt checkpoint are refused with clear errors while the
+daemon stays usable; greedy float32 output from the daemon equals a cold `vllm-x86 serve`
+and stock vLLM CPU's server; stop leaves no process, pid file or listening port behind.
+Every server is eager with a 512-token context, so the module takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import PYTHON, clean_env
+from vllm_x86.daemon import client, paths
+
+pytestmark = pytest.mark.slow
+
+FLAGS = ["--enforce-eager", "--max-model-len", "512", "--dtype", "float32"]
+PROMPT = "The capital of France is"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli(env, *args, timeout=600):
+    return subprocess.run(
+        [PYTHON, "-m", "vllm_x86.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _greedy(base: str, model: str) -> str:
+    r = httpx.post(
+        f"{base}/v1/completions",
+        timeout=120,
+        json={"model": model, "prompt": PROMPT, "max_tokens": 16, "temperature": 0},
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def _models(base: str) -> list[str]:
+    return [m["id"] for m in httpx.get(f"{base}/v1/models", timeout=10).json()["data"]]
+
+
+@pytest.fixture(scope="module")
+def daemon(default_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("daemon")
+    env = clean_env(VLLM_X86_DAEMON_DIR=str(root))
+    f = paths.files(root)
+    r = _cli(env, "daemon", "start")
+    assert r.returncode == 0, r.stderr + "\n" + f.log.read_text()[-3000:]
+    st = client.running(f)
+    info = {"env": env, "files": f, "pid": st["pid"], "port": _free_port(), "groups": set()}
+    try:
+        yield info
+    finally:
+        _cli(env, "daemon", "stop", timeout=120)
+        for pg in info["groups"] | {info["pid"]}:
+            try:
+                os.killpg(pg, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _serve(d, *args, extra=()):
+    t0 = time.monotonic()
+    r = _cli(d["env"], "serve", *args, "--port", str(d["port"]), *FLAGS, *extra)
+    st = client.running(d["files"])
+    if st and st["server"] and st["server"]["pid"]:
+        d["groups"].add(st["server"]["pid"])
+    return r, time.monotonic() - t0, st
+
+
+def test_daemon_is_a_separate_process_with_pid_file_and_loopback_control(daemon):
+    f = daemon["files"]
+    assert paths.read_pid(f) == daemon["pid"] != os.getpid()
+    assert paths.is_daemon_process(daemon["pid"])
+    r = _cli(daemon["env"], "daemon", "status")
+    assert r.returncode == 0 and f"pid {daemon['pid']}" in r.stdout, r.stdout
+    assert "X86Platform" in r.stdout
+    st = json.loads(_cli(daemon["env"], "daemon", "status", "--json").stdout)
+    assert st["server"] is None and st["warm_s"] > 0
+
+
+def test_serve_hands_the_default_model_to_the_daemon(daemon):
+    r, secs, st = _serve(daemon)
+    assert r.returncode == 0, r.stderr
+    assert "standby daemon" in r.stderr
+    srv = st["server"]
+    assert srv["state"] == "ready" and srv["port"] == daemon["port"]
+    assert srv["pid"] != daemon["pid"]
+    base = f"http://127.0.0.1:{daemon['port']}"
+    assert _models(base) == ["smollm2-135m-instruct"]
+    daemon["daemon_text"] = _greedy(base, "smollm2-135m-instruct")
+    assert "Paris" in daemon["daemon_text"]
+    log = open(srv["log"]).read()
+    assert "engine-core and worker processes start by fork" in log
+    assert "platform plugin active" in log
+    print(f"\ndaemon-served default model ready {secs:.1f} s after `serve`")
+
+
+def test_serving_another_model_replaces_the_first(daemon):
+    from vllm_x86.bench.synthetic import build
+
+    first = client.running(daemon["files"])["server"]
+    tiny = build("tiny-llama")
+    r, secs, st = _serve(daemon, str(tiny), "--served-model-name", "tiny")
+    assert r.returncode == 0, r.stderr
+    assert st["server"]["seq"] == first["seq"] + 1 and st["server"]["state"] == "ready"
+    assert _models(f"http://127.0.0.1:{daemon['port']}") == ["tiny"]
+    assert not paths.group_members(first["pid"])  # the first server's processes are gone
+
+
+def test_missing_model_path_is_a_clear_error_and_the_daemon_keeps_serving(daemon):
+    r, _, st = _serve(daemon, "/no/such/model")
+    assert r.returncode == 1
+    assert "model path '/no/such/model' does not exist" in r.stderr
+    # the same through the control API directly
+    code, out = client.request(st["port"], "POST", "/serve", {"model": "/no/such/model"})
+    assert code == 400 and "does not exist" in out["error"]
+    assert client.running(daemon["files"])["server"]["state"] == "ready"  # tiny still serves
+    assert _models(f"http://127.0.0.1:{daemon['port']}") == ["tiny"]
+
+
+def test_flags_vllm_refuses_are_a_clear_error(daemon):
+    r, _, st = _serve(daemon, extra=("--dtype", "nonsense"))
+    assert r.returncode == 1
+    assert "argument --dtype: invalid choice: 'nonsense'" in r.stderr, r.stderr
+    assert st["server"]["state"] == "failed"
+
+
+def test_corrupt_checkpoint_is_a_clear_error_and_the_daemon_stays_usable(
+    daemon, default_model, tmp_path
+):
+    bad = tmp_path / "corrupt"
+    shutil.copytree(default_model, bad)
+    for w in bad.glob("*.safetensors"):
+        w.write_bytes(b"\x00\x01 not a safetensors file" * 10)
+    r, _, st = _serve(daemon, str(bad))
+    assert r.returncode == 1
+    assert "did not start" in r.stderr and "The daemon is still running" in r.stderr, r.stderr
+    assert "Error" in r.stderr  # the error read from the server's log
+    assert st["server"]["state"] == "failed" and st["server"]["error"]
+    deadline = time.monotonic() + 15  # its processes were SIGKILLed as it failed
+    while paths.group_members(st["server"]["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not paths.group_members(st["server"]["pid"])  # nothing of it left running
+    # and the next request works
+    r, _, st = _serve(daemon)
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in _greedy(f"http://127.0.0.1:{daemon['port']}", "smollm2-135m-instruct")
+
+
+def _one_server(cmd, env, model_name):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [*cmd, "--port", str(port), *FLAGS],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        return _greedy(base, model_name)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_greedy_output_equals_cold_and_stock_servers(daemon, default_model):
+    daemon_text = _greedy(f"http://127.0.0.1:{daemon['port']}", "smollm2-135m-instruct")
+    # one engine at a time on the machine: stop the daemon's server first
+    port = client.running(daemon["files"])["port"]
+    code, _ = client.request(port, "POST", "/stop-model", {}, timeout=120)
+    assert code == 200
+    cold = _one_server(
+        [PYTHON, "-m", "vllm_x86.cli", "serve", "--no-daemon"],
+        daemon["env"],
+        "smollm2-135m-instruct",
+    )
+    stock = _one_server(
+        [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(default_model),
+         "--served-model-name", "stock"],
+        clean_env(VLLM_X86_DISABLE="1", VLLM_CPU_KVCACHE_SPACE="1"),
+        "stock",
+    )  # fmt: skip
+    assert daemon_text == cold == stock, (daemon_text, cold, stock)
+
+
+def test_stop_leaves_nothing_behind(daemon):
+    f = daemon["files"]
+    groups = set(daemon["groups"])
+    r = _cli(daemon["env"], "daemon", "stop", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "daemon stopped" in r.stderr
+    assert not f.pid.exists() and not f.state.exists()
+    assert not paths.is_daemon_process(daemon["pid"])
+    for pg in groups | {daemon["pid"]}:
+        assert not paths.group_members(pg), f"process group {pg} still has processes"
+    with socket.socket() as s:  # the model server's port is free again
+        assert s.connect_ex(("127.0.0.1", daemon["port"])) != 0
+    r = _cli(daemon["env"], "daemon", "status")
+    assert r.returncode == 3
