@@ -80,6 +80,13 @@ class X86Worker(CPUWorker):
         with set_current_vllm_config(self.vllm_config):
             registry.apply_module_overrides(self.model_runner.get_model())
 
+    def compile_or_warm_up_model(self, *args, **kwargs):
+        out = super().compile_or_warm_up_model(*args, **kwargs)
+        from vllm_x86 import compile_cache
+
+        compile_cache.seal_after_warmup(self.vllm_config)  # see compile_cache.py
+        return out
+
     def determine_available_memory(self) -> int:
         if self._should_warm_up_model():
             self.model_runner.warming_up_model()

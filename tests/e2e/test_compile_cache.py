@@ -1,0 +1,91 @@
+"""A damaged compile-cache entry does not break start-up: compiled `vllm-x86 serve` of the
+tiny random model fills a fresh cache (and records its manifest); the cached artifact is
+then damaged, and the next start detects it, moves it aside, compiles again and answers
+with the same greedy text."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import PYTHON, clean_env
+from vllm_x86 import compile_cache as cc
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_and_ask(model, env, log_path) -> str:
+    port = _free_port()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "vllm_x86.cli", "serve", str(model), "--no-daemon", "--port",
+             str(port), "--max-model-len", "256", "--dtype", "float32",
+             "--served-model-name", "tiny"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, log_path.read_text()[-4000:]
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, log_path.read_text()[-4000:]
+            time.sleep(0.5)
+        r = httpx.post(
+            f"{base}/v1/completions",
+            timeout=120,
+            json={
+                "model": "tiny",
+                "prompt": "The capital of France is",
+                "max_tokens": 8,
+                "temperature": 0,
+            },  # fmt: skip
+        )
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_damaged_compile_cache_entry_is_rebuilt(tmp_path):
+    from vllm_x86.bench.synthetic import build
+
+    tiny = build("tiny-llama")
+    cache = tmp_path / "cache"
+    env = clean_env(VLLM_X86_CACHE_DIR=str(cache))
+    first = _start_and_ask(tiny, env, tmp_path / "first.log")
+    log1 = (tmp_path / "first.log").read_text()
+    assert "keyed by plugin, vLLM, torch, Python and ISA" in log1
+    roots = list((cache / "compile").iterdir())
+    assert len(roots) == 1
+    entries = [p for p in (roots[0] / cc.AOT_SUBDIR).iterdir() if p.is_dir()]
+    assert entries and all((e / cc.MANIFEST).exists() for e in entries), log1[-3000:]
+    for e in entries:
+        model = next(e.rglob("model"))
+        model.write_bytes(b"\x00" * model.stat().st_size)  # same size, wrong bytes
+    second = _start_and_ask(tiny, env, tmp_path / "second.log")
+    log2 = (tmp_path / "second.log").read_text()
+    assert "is damaged" in log2 and "moved to" in log2
+    assert second == first
+    assert list((roots[0] / "quarantine").iterdir())

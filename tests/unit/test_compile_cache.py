@@ -1,0 +1,72 @@
+"""The compile cache's key and its manifest check, on fake artifact directories (the real
+thing, a compiled start with a damaged cache entry, is in tests/e2e/test_compile_cache.py)."""
+
+from __future__ import annotations
+
+import json
+
+from vllm_x86 import compile_cache as cc
+
+
+def _artifact(root, name="abc123"):
+    entry = root / cc.AOT_SUBDIR / name
+    (entry / "rank_0_0").mkdir(parents=True)
+    (entry / "inductor_cache" / "xy").mkdir(parents=True)
+    (entry / "rank_0_0" / "model").write_bytes(b"compiled model bytes" * 100)
+    (entry / "inductor_cache" / "xy" / "kernel.so").write_bytes(b"\x7fELF" + b"k" * 500)
+    return entry
+
+
+def test_key_names_versions_and_isa(monkeypatch):
+    f = cc.key_factors()
+    assert set(f) == {
+        "vllm-x86",
+        "vllm",
+        "torch",
+        "python",
+        "cpu_isa",
+        "cpu_flags",
+        "kernel_isa",
+    }
+    assert f["torch"].startswith("2.")
+    other = dict(f, cpu_isa="avx2")
+    assert cc.cache_root(f) != cc.cache_root(other)
+    assert cc.cache_root(f) == cc.cache_root(dict(f))
+    monkeypatch.setenv("VLLM_X86_ISA", "avx2")
+    assert cc.key_factors()["kernel_isa"] == "avx2"
+
+
+def test_sealed_entry_passes_and_unsealed_is_left_alone(tmp_path):
+    entry = _artifact(tmp_path)
+    assert cc.check(tmp_path) == []  # no manifest yet: vLLM's own checks only
+    assert cc.seal(tmp_path, "model-x") == 1
+    manifest = json.loads((entry / cc.MANIFEST).read_text())
+    assert manifest["model"] == "model-x"
+    assert set(manifest["files"]) == {"rank_0_0/model", "inductor_cache/xy/kernel.so"}
+    assert cc.seal(tmp_path) == 0  # sealed once
+    assert cc.check(tmp_path) == []
+    assert entry.exists()
+
+
+def test_damaged_entries_are_moved_aside(tmp_path):
+    for name, damage in [
+        ("flipped", lambda e: (e / "rank_0_0" / "model").write_bytes(b"X" * 2000)),
+        ("truncated", lambda e: (e / "inductor_cache" / "xy" / "kernel.so").write_bytes(b"")),
+        ("missing", lambda e: (e / "rank_0_0" / "model").unlink()),
+        ("badmanifest", lambda e: (e / cc.MANIFEST).write_text("{not json")),
+    ]:
+        entry = _artifact(tmp_path, name)
+        cc.seal(tmp_path)
+        damage(entry)
+    good = _artifact(tmp_path, "good")
+    cc.seal(tmp_path)
+    moved = dict(cc.check(tmp_path))
+    assert set(moved) == {"flipped", "truncated", "missing", "badmanifest"}
+    assert "SHA-256" in moved["flipped"]
+    assert "bytes" in moved["truncated"]
+    assert "missing" in moved["missing"]
+    assert "manifest" in moved["badmanifest"]
+    assert good.exists() and not (tmp_path / cc.AOT_SUBDIR / "flipped").exists()
+    quarantined = list((tmp_path / "quarantine").iterdir())
+    assert len(quarantined) == cc.KEEP_QUARANTINED  # the oldest are dropped
+    assert all((q / "quarantine-reason.txt").exists() for q in quarantined)
