@@ -158,7 +158,6 @@ class X86Platform(CpuPlatform):
             )
         cls._apply_thread_layout()
         cls._apply_kv_cache_size(vllm_config)
-        cls._apply_huge_pages()
         super().check_and_update_config(vllm_config)  # sets vLLM CPU's "spawn"
         cls._apply_engine_start()
         from vllm_x86 import compile_cache
@@ -172,41 +171,6 @@ class X86Platform(CpuPlatform):
         from vllm_x86.ops import registry
 
         registry.register_all()
-
-    @classmethod
-    def _apply_huge_pages(cls) -> None:
-        """Large CPU tensors (weights, KV cache) on transparent huge pages: torch's
-        THP_MEM_ALLOC_ENABLE=1 makes its CPU allocator madvise(MADV_HUGEPAGE) buffers of
-        2 MiB and more. Filling fresh memory is where much of a start goes (vLLM zeroes
-        the whole KV cache); with 4 KiB pages that costs a page fault per 4 KiB (1 GiB
-        zeroed: 4.4 s on a development machine, 0.17 s with huge pages; docs/startup.md).
-        Set in the first process, so the engine and worker processes, which allocate
-        the big tensors, inherit it; torch reads it once per process. Skipped when the
-        kernel has THP off, and when you set THP_MEM_ALLOC_ENABLE yourself."""
-        if "thp" in os.environ.get(CHOSEN_ENV, "").split(","):
-            return
-        if _user_set("THP_MEM_ALLOC_ENABLE"):
-            _info_once(
-                "thp",
-                "vllm-x86: huge pages for tensors from your THP_MEM_ALLOC_ENABLE=%s",
-                os.environ["THP_MEM_ALLOC_ENABLE"],
-            )
-            return
-        _mark_chosen("thp")
-        try:
-            with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
-                mode = fh.read()
-        except OSError:
-            mode = ""
-        if "[never]" in mode or not mode:
-            _info_once("thp", "vllm-x86: transparent huge pages are off in this kernel")
-            return
-        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
-        _info_once(
-            "thp",
-            "vllm-x86: large tensors on transparent huge pages (THP_MEM_ALLOC_ENABLE=1): "
-            "faster weight loading and KV-cache set-up",
-        )
 
     @classmethod
     def _apply_engine_start(cls) -> None:

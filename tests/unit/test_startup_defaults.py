@@ -1,5 +1,5 @@
-"""The platform's start-up defaults on a real vLLM config (no engine): huge pages for big
-tensors and the keyed compile cache, and that the user's own settings win."""
+"""The platform's start-up defaults on a real vLLM config (no engine): the keyed compile
+cache, vLLM CPU's spawn outside `vllm-x86 serve`, and that the user's own settings win."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from vllm.engine.arg_utils import EngineArgs
 kw = json.loads(sys.argv[2])
 EngineArgs(model=sys.argv[1], max_model_len=1024, **kw).create_engine_config()
 print("ENV " + json.dumps({k: os.environ.get(k) for k in
-      ("THP_MEM_ALLOC_ENABLE", "VLLM_CACHE_ROOT", "VLLM_WORKER_MULTIPROC_METHOD")}))
+      ("VLLM_CACHE_ROOT", "VLLM_WORKER_MULTIPROC_METHOD")}))
 """
 
 
@@ -39,25 +39,14 @@ def _config_env(model, engine_kwargs, **env) -> dict:
 
 def test_defaults_in_compiled_mode(default_model, tmp_path):
     env = _config_env(default_model, {}, VLLM_X86_CACHE_DIR=str(tmp_path))
-    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    if thp.exists() and "[never]" not in thp.read_text():
-        assert env["THP_MEM_ALLOC_ENABLE"] == "1"
-        assert "large tensors on transparent huge pages" in env["log"]
     root = Path(env["VLLM_CACHE_ROOT"])
     assert root.parent == tmp_path / "compile" and (root / "key.json").exists()
     assert json.loads((root / "key.json").read_text())["vllm-x86"]
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"  # vLLM CPU's own, outside a daemon
 
 
-def test_user_settings_win_and_eager_leaves_the_cache(default_model, tmp_path):
-    env = _config_env(
-        default_model,
-        {"enforce_eager": True},
-        VLLM_X86_CACHE_DIR=str(tmp_path),
-        THP_MEM_ALLOC_ENABLE="0",
-    )
-    assert env["THP_MEM_ALLOC_ENABLE"] == "0"
-    assert "huge pages for tensors from your THP_MEM_ALLOC_ENABLE=0" in env["log"]
+def test_eager_leaves_the_cache_and_the_users_cache_root_wins(default_model, tmp_path):
+    env = _config_env(default_model, {"enforce_eager": True}, VLLM_X86_CACHE_DIR=str(tmp_path))
     assert env["VLLM_CACHE_ROOT"] is None  # eager: nothing compiled, nothing moved
     env = _config_env(default_model, {}, VLLM_CACHE_ROOT=str(tmp_path / "mine"))
     assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "mine")

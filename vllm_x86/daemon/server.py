@@ -81,9 +81,6 @@ STOP_GRACE_S = 30.0
 # The last lines of a failed server's log that the error message quotes.
 ERROR_CONTEXT_LINES = 3
 
-# True when the daemon set THP_MEM_ALLOC_ENABLE itself (see main).
-_THP_CHOSEN = False
-
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -308,8 +305,6 @@ class Daemon:
                 for k in [k for k in os.environ if k.startswith("VLLM_")]:
                     del os.environ[k]
                 os.environ.update(ms.env)
-                if _THP_CHOSEN:  # the platform sets (and logs) it as its own default
-                    os.environ.pop("THP_MEM_ALLOC_ENABLE", None)
                 os.environ.setdefault("VLLM_X86_CLI", "serve")
                 sys.argv = ["vllm-x86 serve", *ms.vllm_args]
                 from vllm.entrypoints.launchers.api_server.entry import main
@@ -525,10 +520,4 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default=None, help="daemon directory (default: VLLM_X86_DAEMON_DIR)")
     p.add_argument("--port", type=int, default=0, help="control port (0: a free one)")
     ns = p.parse_args(argv)
-    # torch reads this once per process, at its first allocation: it must be set before
-    # the warm-up imports torch, or no forked model server could use huge pages (see
-    # X86Platform._apply_huge_pages). Your own setting wins.
-    global _THP_CHOSEN
-    _THP_CHOSEN = "THP_MEM_ALLOC_ENABLE" not in os.environ
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     return Daemon(files(ns.dir), ns.port).run()
