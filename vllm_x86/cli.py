@@ -313,8 +313,9 @@ def cmd_quantize(ns: argparse.Namespace) -> int:
             ns.out,
             ns.bits,
             group_size=ns.group_size,
-            zero_point=ns.zero_point,
+            zero_point=not ns.symmetric,
             force=ns.force,
+            lm_head=ns.lm_head,
             progress=lambda m: print(m, flush=True),
         )
     except ConvertError as e:
@@ -454,8 +455,19 @@ def build_parser() -> argparse.ArgumentParser:
     qz.add_argument(
         "--group-size", type=int, default=128, choices=(32, 64, 128), help="INT4 (default: 128)"
     )
-    qz.add_argument("--zero-point", action="store_true", help="INT4: asymmetric groups")
+    qz.add_argument(
+        "--symmetric",
+        action="store_true",
+        help="INT4: symmetric groups (default: a zero point per group, same speed, lower "
+        "perplexity)",
+    )
     qz.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+    qz.add_argument(
+        "--lm-head",
+        action="store_true",
+        help="run the LM head in INT8 too (quantized from the bf16 head while loading); "
+        "default: bf16",
+    )
     return p
 
 

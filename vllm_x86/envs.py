@@ -58,9 +58,23 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "VLLM_X86_QUANT_ZERO_POINT",
-        "0",
+        "1",
         "x86_int4 quantizing while loading: 1 for asymmetric groups (a zero point per "
-        "group), 0 for symmetric ones.",
+        "group; same kernel and speed, lower perplexity: docs/quantization.md), 0 for "
+        "symmetric ones.",
+    ),
+    Setting(
+        "VLLM_X86_QUANT_LM_HEAD",
+        "0",
+        "x86_int8/x86_int4: 1 runs the LM head in INT8 too (quantized while loading); "
+        "0 keeps it in the model's dtype. Embedding lookups stay in the model's dtype.",
+    ),
+    Setting(
+        "VLLM_X86_QUANT_KERNEL",
+        "auto",
+        "x86_int8/x86_int4 kernels: auto (vLLM CPU's AMX kernels where the CPU has AMX) "
+        "or torch (PyTorch's weight-only kernels, bf16 activations; slow for batches). "
+        "For comparisons.",
     ),
     Setting(
         "VLLM_X86_ENGINE_FORK",

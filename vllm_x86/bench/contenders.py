@@ -92,6 +92,22 @@ CONTENDERS: dict[str, Contender] = {
             args=("--quantization", "x86_int4"),
         ),
         Contender(
+            "plugin-int8-head",
+            "plugin-server",
+            "vllm-x86 quantizing to INT8 while it loads, the LM head too "
+            "(`--quantization x86_int8`, VLLM_X86_QUANT_LM_HEAD=1)",
+            {"VLLM_X86_QUANT_LM_HEAD": "1"},
+            args=("--quantization", "x86_int8"),
+        ),
+        Contender(
+            "plugin-int4-head",
+            "plugin-server",
+            "vllm-x86 quantizing to INT4 (group 128) while it loads, the LM head to INT8 "
+            "(`--quantization x86_int4`, VLLM_X86_QUANT_LM_HEAD=1)",
+            {"VLLM_X86_QUANT_LM_HEAD": "1"},
+            args=("--quantization", "x86_int4"),
+        ),
+        Contender(
             "llamacpp",
             "llamacpp",
             "llama.cpp through llama-cpp-python (Llama API in a fresh process, one thread per "

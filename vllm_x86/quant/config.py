@@ -8,7 +8,8 @@ Two ways in:
   `quantization_config` with `quant_method` x86_int8/x86_int4 and `prepacked: true`;
   the packed tensors load as they are (format.py checks the format first).
 
-The LM head and the embeddings stay in bf16 (get_quant_method returns None for them).
+The embeddings stay in bf16, and so does the LM head unless VLLM_X86_QUANT_LM_HEAD=1
+(or `vllm-x86 quantize --lm-head`) asks for it in INT8 (lm_head.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class _X86QuantConfig(QuantizationConfig):
         layout: str | None = None,
         format_version: int | None = None,
         quantized_layers: list[str] | None = None,
+        lm_head: bool | None = None,
     ) -> None:
         super().__init__()
         if group_size is None:
@@ -62,6 +64,9 @@ class _X86QuantConfig(QuantizationConfig):
         self.format_version = format_version
         # prepacked: the checkpoint's (unfused) names of the layers it holds packed
         self.quantized_layers = list(quantized_layers or [])
+        if lm_head is None:
+            lm_head = envs.get_bool("VLLM_X86_QUANT_LM_HEAD")
+        self.lm_head = bool(lm_head)
 
     def __repr__(self) -> str:
         extra = (
@@ -69,7 +74,7 @@ class _X86QuantConfig(QuantizationConfig):
             if self.BITS == 4
             else ""
         )
-        return f"{type(self).__name__}(prepacked={self.prepacked}{extra})"
+        return f"{type(self).__name__}(prepacked={self.prepacked}, lm_head={self.lm_head}{extra})"
 
     def get_name(self):
         return self.NAME
@@ -95,6 +100,7 @@ class _X86QuantConfig(QuantizationConfig):
             layout=config.get("layout"),
             format_version=config.get("format_version"),
             quantized_layers=config.get("quantized_layers"),
+            lm_head=config.get("lm_head") if config.get("prepacked") else None,
         )
 
     def maybe_update_config(self, model_name: str, *args, **kwargs) -> None:
@@ -102,8 +108,14 @@ class _X86QuantConfig(QuantizationConfig):
             qformat.check_files(model_name)
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        if isinstance(layer, ParallelLMHead) and self.lm_head:
+            from vllm_x86.quant.lm_head import Int8LMHeadMethod
+
+            return Int8LMHeadMethod()  # INT8 on request, whatever the layers' bits
         if not isinstance(layer, LinearBase):
-            return None  # embeddings and the LM head stay in bf16
+            return None  # embeddings (and the LM head unless asked) stay in bf16
         if self.prepacked:
             from vllm.model_executor.layers.linear import UnquantizedLinearMethod
             from vllm.model_executor.layers.quantization.utils.quant_utils import (

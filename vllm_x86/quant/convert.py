@@ -2,7 +2,8 @@
 
 The output is a model directory vLLM serves directly (`vllm-x86 serve OUT`): the
 decoder's Linear weights quantized and packed in the kernels' layout, everything else
-(norms, embeddings, LM head, biases, MoE experts) copied as it is, tokenizer and other
+(norms, embeddings, LM head, biases, MoE experts) copied as it is (with `--lm-head`
+the config asks for an INT8 LM head, made from the bf16 one while loading), tokenizer and other
 files copied, config.json with a `quantization_config` (format.py), and x86_quant.json
 with the size of every weight file.
 
@@ -49,8 +50,9 @@ def quantize_checkpoint(
     out_dir: str | os.PathLike,
     bits: int,
     group_size: int = 128,
-    zero_point: bool = False,
+    zero_point: bool = True,
     force: bool = False,
+    lm_head: bool = False,
     progress=print,
 ) -> dict:
     """Convert; returns the manifest. Raises ConvertError with a sentence for the user."""
@@ -178,6 +180,8 @@ def quantize_checkpoint(
         "layout": qformat.expected_layout(name),
         "format_version": qformat.FORMAT_VERSION,
         "quantized_layers": quantized,
+        # the LM head is stored in bf16 and quantized to INT8 while loading (lm_head.py)
+        "lm_head": bool(lm_head),
     }
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     manifest = qformat.write_manifest(

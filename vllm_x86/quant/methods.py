@@ -47,9 +47,9 @@ def _warn_once(key: str, msg: str, *args) -> None:
 def amx_available() -> bool:
     """AMX kernels are used when the CPU has AMX, unless VLLM_X86_QUANT_KERNEL=torch
     asks for PyTorch's weight-only kernels (for comparisons)."""
-    import os
+    from vllm_x86 import envs
 
-    if os.environ.get("VLLM_X86_QUANT_KERNEL", "auto") == "torch":
+    if envs.get("VLLM_X86_QUANT_KERNEL") == "torch":
         return False
     return bool(torch.cpu._is_amx_tile_supported())
 

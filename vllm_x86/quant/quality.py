@@ -10,8 +10,9 @@ Each variant runs in a fresh process with vLLM's LLM class (eager mode):
   offsets), 32 new tokens each; compared with the bf16 variant: the share of prompts
   whose 32 tokens are all identical, and the mean share of tokens before the first
   difference.
-Variants: bf16, x86_int8, x86_int4 (group 128, symmetric), x86_int4-g64, x86_int4-g32,
-x86_int4-zp (asymmetric). Prints a markdown table; --json writes the raw numbers.
+Variants: bf16; x86_int8; x86_int4 (group 128, zero points: the defaults); -head: the LM
+head in INT8 too; x86_int4-sym (symmetric groups), -g64, -g32; -wo: PyTorch's weight-only
+kernels on the same weights. Prints a markdown table; --json writes the raw numbers.
 """
 
 from __future__ import annotations
@@ -30,29 +31,16 @@ NEW_TOKENS = 32
 VARIANTS: dict[str, tuple[str | None, dict[str, str]]] = {
     "bf16": (None, {}),
     "x86_int8": ("x86_int8", {}),
-    "x86_int4": ("x86_int4", {"VLLM_X86_QUANT_GROUP_SIZE": "128"}),
+    "x86_int8-head": ("x86_int8", {"VLLM_X86_QUANT_LM_HEAD": "1"}),
+    # x86_int4's default: group 128 with zero points
+    "x86_int4": ("x86_int4", {}),
+    "x86_int4-head": ("x86_int4", {"VLLM_X86_QUANT_LM_HEAD": "1"}),
+    "x86_int4-sym": ("x86_int4", {"VLLM_X86_QUANT_ZERO_POINT": "0"}),
     "x86_int4-g64": ("x86_int4", {"VLLM_X86_QUANT_GROUP_SIZE": "64"}),
     "x86_int4-g32": ("x86_int4", {"VLLM_X86_QUANT_GROUP_SIZE": "32"}),
-    "x86_int4-zp": ("x86_int4", {"VLLM_X86_QUANT_ZERO_POINT": "1"}),
     # the same weights through PyTorch's weight-only kernels (bf16 activations)
     "x86_int8-wo": ("x86_int8", {"VLLM_X86_QUANT_KERNEL": "torch"}),
     "x86_int4-wo": ("x86_int4", {"VLLM_X86_QUANT_KERNEL": "torch"}),
-    "x86_int4-g32-wo": (
-        "x86_int4",
-        {"VLLM_X86_QUANT_GROUP_SIZE": "32", "VLLM_X86_QUANT_KERNEL": "torch"},
-    ),
-    "x86_int4-g32-zp-wo": (
-        "x86_int4",
-        {
-            "VLLM_X86_QUANT_GROUP_SIZE": "32",
-            "VLLM_X86_QUANT_ZERO_POINT": "1",
-            "VLLM_X86_QUANT_KERNEL": "torch",
-        },
-    ),
-    "x86_int4-zp-wo": (
-        "x86_int4",
-        {"VLLM_X86_QUANT_ZERO_POINT": "1", "VLLM_X86_QUANT_KERNEL": "torch"},
-    ),
 }
 
 
@@ -112,7 +100,6 @@ def _child(a: argparse.Namespace) -> None:
 def run_variant(model: str, name: str, window: int, prompts: int) -> dict:
     quant, env_extra = VARIANTS[name]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_X86_QUANT")}
-    env.pop("VLLM_X86_QUANT_KERNEL", None)
     env.update(env_extra)
     cmd = [
         sys.executable,
