@@ -489,6 +489,10 @@ def main(argv: list[str] | None = None) -> int:
             ns.help_vllm = True
         elif rest and not rest[0].startswith("-"):
             ns.model, rest = rest[0], rest[1:]
+    elif argv[:2] == ["bench", "startup"]:
+        from vllm_x86.bench.startup import main as bench_startup
+
+        return bench_startup(argv[2:])
     else:
         ns = parser.parse_args(argv)
     if ns.cmd is None:
