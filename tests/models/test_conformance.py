@@ -1,0 +1,56 @@
+"""Conformance: each architecture of vllm_x86/models/archs.py, as a tiny random-weight
+checkpoint, through vLLM with the plugin, against transformers on the same token ids.
+
+One vLLM worker process runs every case of the session one after another (the
+checkpoints and the transformers references are cached under VLLM_X86_CACHE_DIR/tiny),
+then each case asserts its verdict: greedy tokens and log-probabilities as
+vllm_x86/models/conformance.py defines them (tolerances there and in
+docs/supported_models.md). A case that archs.py marks as failing, with the reason, is
+an xfail; one that passes anyway fails the suite until the table is updated.
+
+    pytest tests/models/test_conformance.py -m slow                   # everything
+    pytest tests/models/test_conformance.py -m slow --arch Qwen3ForCausalLM
+    pytest tests/models/test_conformance.py -m slow --modes fp32-eager --write-matrix
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_x86.models.archs import BY_NAME
+
+
+@pytest.fixture(scope="session")
+def conformance_results(request):
+    from vllm_x86.models.archs import MODES
+    from vllm_x86.models.suite import default_results_path, run_suite, select
+
+    cfg = request.config
+    names = [n for v in cfg.getoption("--arch") for n in v.split(",") if n]
+    modes = tuple(m for m in cfg.getoption("--modes").split(",") if m) or MODES
+    path = default_results_path()
+    out = run_suite(
+        select(names),
+        modes,
+        path,
+        log=lambda s: print(s, flush=True),
+        workers=cfg.getoption("--conformance-workers"),
+    )
+    if cfg.getoption("--write-matrix"):
+        from vllm_x86.models.matrix import write
+
+        write(path)
+    return out
+
+
+@pytest.mark.slow
+def test_conformance(conformance_case, conformance_results):
+    arch, mode = conformance_case
+    entry = conformance_results[arch][mode]
+    status, reason = entry["status"], entry["reason"]
+    if status == "not run":
+        pytest.skip(reason)
+    if status == "xfail":
+        pytest.xfail(f"{reason} (observed: {entry.get('observed', '')[:300]})")
+    assert status == "pass", f"{arch} {mode}: {reason}\nmetrics: {entry['metrics']}"
+    assert BY_NAME[arch]  # the case belongs to the table

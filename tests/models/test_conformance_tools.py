@@ -1,0 +1,200 @@
+"""The conformance suite's own parts, without vLLM engines: the architecture table, the
+tiny-config shrink, the verdict rules and the matrix rendering. Fast."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_x86.models import conformance as conf
+from vllm_x86.models import matrix, tiny
+from vllm_x86.models.archs import ARCHS, BY_NAME, MODES
+
+
+def test_table_names_are_unique_and_known_to_vllm_and_transformers():
+    import transformers
+    from vllm.model_executor.models.registry import _TEXT_GENERATION_MODELS
+
+    names = [a.name for a in ARCHS]
+    assert len(names) == len(set(names))
+    assert len(names) >= 60
+    for a in ARCHS:
+        assert a.name in _TEXT_GENERATION_MODELS, a.name
+        assert hasattr(transformers, a.name), a.name
+        assert a.examples, a.name
+        for mode in a.known:
+            assert mode in (*MODES, "*"), (a.name, mode)
+
+
+def test_table_covers_every_shared_architecture():
+    """A new vLLM or transformers release that adds a shared architecture makes this
+    fail until the table has a row for it."""
+    import transformers
+    from vllm.model_executor.models.registry import _TEXT_GENERATION_MODELS
+
+    shared = {n for n in _TEXT_GENERATION_MODELS if hasattr(transformers, n)}
+    assert shared - set(BY_NAME) == set()
+
+
+def test_shrink_keeps_features_and_fits_special_ids():
+    defaults = {
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": None,
+        "n_shared_experts": 0,
+        "num_shared_experts": 2,
+        "sliding_window": None,
+        "pad_token_id": 151643,
+        "eos_token_id": [151643, 151645],
+        "layer_types": ["full_attention"] * 32,
+    }
+    kw = tiny.shrink_kwargs(defaults, {"hidden_size": 256})
+    assert kw["vocab_size"] == 512 and kw["hidden_size"] == 256
+    assert kw["num_key_value_heads"] == 2  # GQA kept explicit
+    assert "n_shared_experts" not in kw  # off stays off
+    assert kw["num_shared_experts"] == 1  # on stays on
+    assert "sliding_window" not in kw  # no window invented
+    assert kw["pad_token_id"] == 0 and kw["eos_token_id"] == [2]
+    assert "layer_types" not in kw  # per-layer lists are rebuilt by the config class
+
+
+def test_prompt_is_fixed_and_inside_the_vocabulary():
+    p = tiny.prompt_ids(512)
+    assert p == tiny.prompt_ids(512) and len(p) == tiny.PROMPT_LEN
+    assert all(3 <= t < 512 for t in p)
+
+
+def _prep(tokens32, gaps, tokens16=None, lp=-1.0, lp16=-1.0):
+    n = len(tokens32)
+
+    def ref(tokens, v):
+        return {
+            "tokens": tokens,
+            "prompt_logprobs": [v] * 5,
+            "logprobs": [v] * n,
+            "gaps": gaps,
+            "top2": [[t, 99] for t in tokens32],
+            "top_logits": [5.0] * n,
+        }
+
+    return conf.Prepared(
+        "X",
+        "/x",
+        [1] * 6,
+        {"float32": ref(tokens32, lp), "bfloat16": ref(tokens16 or tokens32, lp16)},
+    )
+
+
+def _res(tokens, lp=-1.0):
+    return {
+        "ok": True,
+        "tokens": tokens,
+        "prompt_logprobs": [lp] * 5,
+        "logprobs": [lp] * len(tokens),
+    }
+
+
+def test_fp32_verdict_needs_every_token_and_close_logprobs():
+    prep = _prep([1, 2, 3, 4], [1.0] * 4)
+    assert conf.judge(prep, "fp32-eager", _res([1, 2, 3, 4])).ok
+    v = conf.judge(prep, "fp32-eager", _res([1, 2, 9, 4]))
+    assert not v.ok and "greedy token 2" in v.reason
+    v = conf.judge(prep, "fp32-eager", _res([1, 2, 3, 4], lp=-1.0 + 3 * conf.FP32_LOGPROB_TOL))
+    assert not v.ok and "logprob error" in v.reason
+
+
+def test_bf16_verdict_allows_parting_only_at_a_near_tie():
+    # transformers bf16 has no error here, so the tolerance is the floor
+    tie = conf.BF16_LOGPROB_FLOOR / 2
+    prep = _prep([1, 2, 3, 4], [1.0, 1.0, tie, 1.0])
+    assert conf.judge(prep, "bf16-eager", _res([1, 2, 99, 7])).ok  # 99 is the runner-up
+    v = conf.judge(prep, "bf16-eager", _res([1, 7, 3, 4]))
+    assert not v.ok and "no near tie" in v.reason
+    # equal to transformers' own bf16 answer: fine even where fp32 is decisive
+    prep = _prep([1, 2, 3, 4], [1.0] * 4, tokens16=[1, 5, 5, 5])
+    assert conf.judge(prep, "bf16-compiled", _res([1, 5, 5, 5])).ok
+
+
+def test_bf16_logprob_tolerance_scales_with_transformers_bf16_error():
+    prep = _prep([1, 2], [1.0, 1.0], lp=-1.0, lp16=-1.2)  # transformers bf16 off by 0.2
+    tol = conf.BF16_ERR_FACTOR * 0.2 + conf.BF16_LOGPROB_FLOOR
+    assert conf.judge(prep, "bf16-eager", _res([1, 2], lp=-1.0 - tol * 0.9)).ok
+    assert not conf.judge(prep, "bf16-eager", _res([1, 2], lp=-1.0 - tol * 1.1)).ok
+
+
+def test_a_failed_run_is_a_failure_with_the_error():
+    v = conf.judge(_prep([1], [1.0]), "fp32-eager", {"ok": False, "error": "Boom: no kernel"})
+    assert not v.ok and "Boom: no kernel" in v.reason
+
+
+def test_matrix_renders_counts_and_reasons(tmp_path):
+    data = {
+        "meta": {"tolerances": {"new_tokens": 16}, "versions": {}, "runs": []},
+        "archs": {
+            "LlamaForCausalLM": {
+                "examples": ["meta-llama/Llama-3.1-8B-Instruct"],
+                "features": "GQA",
+                "modes": {m: {"status": "pass", "reason": "", "metrics": {}} for m in MODES},
+            },
+            "MambaForCausalLM": {
+                "examples": ["state-spaces/mamba-130m-hf"],
+                "features": "SSM",
+                "modes": {
+                    "fp32-eager": {"status": "xfail", "reason": "no CPU selective scan"},
+                    "bf16-eager": {"status": "pass", "reason": ""},
+                },
+            },
+        },
+    }
+    md = matrix.render(data)
+    assert "**1 of 2 architectures pass in fp32 eager**" in md
+    assert "no CPU selective scan" in md
+    assert "`meta-llama/Llama-3.1-8B-Instruct`" in md
+    c = matrix.counts(data)
+    assert c["all_modes"] == 1 and c["bf16-eager"] == 2
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    out = matrix.write(tmp_path / "r.json", docs=tmp_path)
+    assert out.read_text() == md
+    assert json.loads((tmp_path / "supported_models.json").read_text()) == data
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mode_names_parse(mode):
+    dtype, eager = conf.mode_parts(mode)
+    assert dtype in ("float32", "bfloat16") and eager == mode.endswith("eager")
+
+
+def test_check_shrinks_a_users_config_and_keeps_its_features(tmp_path):
+    from transformers import Qwen3Config
+
+    from vllm_x86.check import read_config, stage_architecture, tiny_copy
+
+    cfg = Qwen3Config(
+        hidden_size=1024,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    cfg.save_pretrained(tmp_path)
+    ok, lines, arch = stage_architecture(read_config(tmp_path))
+    assert ok and arch == "Qwen3ForCausalLM"
+    small, gain = tiny_copy(tmp_path, arch)
+    assert small.hidden_size == 128 and small.num_hidden_layers == 2 and small.vocab_size == 512
+    assert small.num_attention_heads // small.num_key_value_heads == 2  # still GQA
+    assert small.tie_word_embeddings  # the user's choice survives
+    assert small.rope_parameters["rope_theta"] == 1000000.0
+    assert gain == tiny.LAYER_GAIN
+
+
+def test_check_refuses_an_unknown_architecture():
+    from vllm_x86.check import stage_architecture
+
+    ok, lines, _ = stage_architecture({"architectures": ["NoSuchModelForCausalLM"]})
+    assert not ok and "does not know" in " ".join(lines)

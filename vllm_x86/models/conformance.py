@@ -1,0 +1,460 @@
+"""Conformance: an architecture's tiny checkpoint through vLLM with the plugin, compared
+with transformers on the same prompt token ids.
+
+Pieces, each usable alone:
+
+- ``prepare(arch)``: build (or find) the tiny checkpoint and the transformers references
+  in float32 and bfloat16 (``tiny.py``; both are cached on disk).
+- ``run_jobs(jobs)``: run vLLM on many (checkpoint, dtype, eager/compiled) jobs. One
+  worker process serves them one after another (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+  one ``LLM`` object at a time), so vLLM is imported once; a job that kills its worker
+  (a crash in native code) is reported as such and a new worker takes the rest.
+- ``judge(prep, mode, result)``: the verdict, with the measured numbers.
+
+What "conformant" means (the tolerances are documented in docs/supported_models.md):
+
+fp32
+    All ``NEW_TOKENS`` greedy tokens equal transformers' float32 greedy tokens, and every
+    prompt and generated token's log-probability within ``FP32_LOGPROB_TOL`` of
+    transformers' float32 value.
+bf16
+    The greedy tokens equal transformers' bf16 ones, or its float32 ones, or part from
+    the float32 ones only where the float32 reference has a near tie: its two best
+    logits closer than ``tie_tol`` and vLLM's token one of those two (there two
+    correct bf16 implementations legitimately choose differently; nothing after that
+    point is compared). Log-probabilities (against float32) no further off than
+    ``BF16_ERR_FACTOR`` times transformers' own bf16 error on the same prompt, plus
+    ``BF16_LOGPROB_FLOOR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_x86.models import tiny
+from vllm_x86.models.archs import Arch
+
+NEW_TOKENS = tiny.NEW_TOKENS
+FP32_LOGPROB_TOL = 2e-3
+BF16_ERR_FACTOR = 4.0
+BF16_LOGPROB_FLOOR = 0.1
+MAX_MODEL_LEN = 64
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def mode_parts(mode: str) -> tuple[str, bool]:
+    """ "bf16-eager" -> ("bfloat16", True)."""
+    dt, _, how = mode.partition("-")
+    return DTYPES[dt], how == "eager"
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+@dataclass
+class Prepared:
+    arch: str
+    model_dir: str
+    prompt: list[int]
+    refs: dict[str, dict] = field(default_factory=dict)  # dtype name -> reference
+    error: str | None = None  # no checkpoint: nothing can run
+    ref_errors: dict[str, str] = field(default_factory=dict)  # dtype name -> why no reference
+
+
+def prepare(arch: Arch, root: Path | None = None) -> Prepared:
+    try:
+        cfg = tiny.tiny_config(arch.name, arch.extra)
+        model_dir = tiny.build(arch.name, cfg, root=root, gain=arch.gain)
+        prompt = tiny.prompt_ids(tiny.text_config(cfg).vocab_size)
+    except Exception as e:  # reported as the case's failure, with the reason
+        return Prepared(arch.name, "", [], error=f"transformers: {type(e).__name__}: {e}")
+    prep = Prepared(arch.name, str(model_dir), prompt)
+    fill_references(prep)
+    return prep
+
+
+def fill_references(prep: Prepared, cache_dir: Path | None = None) -> None:
+    for d in ("float32", "bfloat16"):
+        try:
+            prep.refs[d] = tiny.cached_reference(
+                Path(prep.model_dir), d, prep.prompt, NEW_TOKENS, cache_dir
+            )
+        except Exception as e:
+            msg = str(e).splitlines()[0][:300]
+            prep.ref_errors[d] = f"the transformers {d} reference fails: {type(e).__name__}: {msg}"
+
+
+# ----------------------------------------------------------------------------- vLLM worker
+
+
+def _run_one(job: dict) -> dict:
+    """One LLM object, one request; runs inside the worker process."""
+    import gc
+
+    from vllm import LLM, SamplingParams
+
+    llm = None
+    t0 = time.monotonic()
+    try:
+        kwargs = dict(job.get("engine_args") or {})
+        llm = LLM(
+            job["model"],
+            dtype=job["dtype"],
+            enforce_eager=job["eager"],
+            max_model_len=MAX_MODEL_LEN,
+            skip_tokenizer_init=True,
+            enable_prefix_caching=False,
+            seed=0,
+            **kwargs,
+        )
+        started = time.monotonic() - t0
+        sp = SamplingParams(
+            temperature=0,
+            max_tokens=job["max_tokens"],
+            ignore_eos=True,
+            logprobs=1,
+            prompt_logprobs=1,
+            detokenize=False,
+        )
+        out = llm.generate([{"prompt_token_ids": job["prompt"]}], sp, use_tqdm=False)[0]
+        prompt = job["prompt"]
+        plp = [out.prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))]
+        toks = list(out.outputs[0].token_ids)
+        glp = [d[t].logprob for d, t in zip(out.outputs[0].logprobs, toks)]
+        res = {
+            "ok": True,
+            "tokens": toks,
+            "prompt_logprobs": plp,
+            "logprobs": glp,
+            "start_s": round(started, 2),
+            "seconds": round(time.monotonic() - t0, 2),
+        }
+        if job.get("inventory"):
+            res["ops"] = llm.apply_model(op_inventory)[0]
+        if job.get("speed_tokens"):
+            res["speed"] = _speed(llm, job["prompt"], job["speed_tokens"])
+        return res
+    except BaseException as e:  # noqa: BLE001 - every failure is a result
+        tb = traceback.format_exc()
+        return {
+            "ok": False,
+            "error": f"{type(e).__name__}: {e}"[:2000],
+            "traceback": tb[-4000:],
+            "seconds": round(time.monotonic() - t0, 2),
+        }
+    finally:
+        del llm
+        gc.collect()
+        try:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
+        except Exception:
+            pass
+
+
+def _speed(llm, prompt: list[int], n: int) -> dict:
+    """Decode speed of one request: n greedy tokens after a 1-token warm-up request."""
+    from vllm import SamplingParams
+
+    sp1 = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, detokenize=False)
+    t0 = time.perf_counter()
+    llm.generate([{"prompt_token_ids": prompt}], sp1, use_tqdm=False)
+    first = time.perf_counter() - t0
+    sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=False)
+    t0 = time.perf_counter()
+    llm.generate([{"prompt_token_ids": prompt}], sp, use_tqdm=False)
+    total = time.perf_counter() - t0
+    decode = max(total - first, 1e-9)
+    return {
+        "tokens": n,
+        "prefill_s": round(first, 4),
+        "total_s": round(total, 4),
+        "decode_tok_s": round((n - 1) / decode, 1),
+    }
+
+
+def op_inventory(model) -> list[dict]:
+    """What computes each op of a loaded vLLM model: the plugin's kernel, vLLM's CPU
+    kernel, or PyTorch (a CustomOp's forward_native). Runs inside the worker."""
+    from vllm.model_executor.custom_op import CustomOp
+
+    rows: dict[tuple, dict] = {}
+
+    def plugin_cls(cls) -> bool:
+        return any(b.__module__.startswith("vllm_x86") for b in cls.__mro__)
+
+    for mod in model.modules():
+        cls = type(mod)
+        if isinstance(mod, CustomOp):
+            fm = getattr(mod, "_forward_method", None)
+            fname = getattr(fm, "__name__", "?")
+            if plugin_cls(cls):
+                path = "vllm-x86 kernel"
+            elif fname == "forward_cpu" and type(mod).forward_cpu is not CustomOp.forward_cpu:
+                path = "vLLM CPU kernel (forward_cpu)"
+            elif fname == "forward_native" or fname == "forward_cpu":
+                path = "PyTorch (forward_native)"
+            else:
+                path = fname
+            name = getattr(cls, "name", None) or cls.__name__
+            key = (name, cls.__name__, path)
+        elif plugin_cls(cls):
+            key = (cls.__name__, cls.__name__, "vllm-x86 module override")
+        else:
+            backend = getattr(mod, "attn_backend", None)
+            if backend is None or not hasattr(backend, "get_name"):
+                continue
+            key = ("attention", cls.__name__, f"backend {backend.get_name()}")
+        row = rows.setdefault(key, {"op": key[0], "class": key[1], "path": key[2], "count": 0})
+        row["count"] += 1
+    try:
+        from vllm_x86.ops.registry import ir_providers
+
+        for op, prov in ir_providers().items():
+            rows[(op, "ir")] = {
+                "op": op,
+                "class": "vLLM IR op",
+                "path": f"providers {prov}",
+                "count": 0,
+            }
+    except Exception:
+        pass
+    return list(rows.values())
+
+
+def worker_main() -> None:
+    """Read jobs (one JSON per line) on stdin; print ``RESULT {json}`` per job."""
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        job = json.loads(line)
+        print("START " + json.dumps({"id": job["id"]}), flush=True)
+        res = _run_one(job)
+        res["id"] = job["id"]
+        print("RESULT " + json.dumps(res), flush=True)
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def run_jobs(
+    jobs: list[dict],
+    job_timeout: float = 900.0,
+    log=None,
+    env: dict[str, str] | None = None,
+) -> dict[str, dict]:
+    """Run `jobs` (dicts with id, model, dtype, eager, prompt, max_tokens) through
+    worker processes; return results by job id. A job that takes its worker down or
+    runs past `job_timeout` gets an error result; the next worker takes the rest."""
+    pending = list(jobs)
+    results: dict[str, dict] = {}
+    while pending:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm_x86.models.conformance", "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env or worker_env(),
+            bufsize=1,
+        )
+        for job in pending:
+            proc.stdin.write(json.dumps(job) + "\n")
+        proc.stdin.close()
+        current, started, tail = None, time.monotonic(), []
+        while True:
+            ready, _, _ = select.select([proc.stdout], [], [], 5.0)
+            if ready:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                if line.startswith("START "):
+                    current, started = json.loads(line[6:])["id"], time.monotonic()
+                    tail = []
+                elif line.startswith("RESULT "):
+                    res = json.loads(line[7:])
+                    results[res["id"]] = res
+                    if log:
+                        log(res["id"], res)
+                    current = None
+                else:
+                    tail = (tail + [line.rstrip()])[-40:]
+            if current is not None and time.monotonic() - started > job_timeout:
+                proc.kill()
+                results[current] = {
+                    "ok": False,
+                    "error": f"timeout: no result after {job_timeout:.0f} s",
+                    "traceback": "\n".join(tail),
+                    "seconds": round(time.monotonic() - started, 2),
+                }
+                if log:
+                    log(current, results[current])
+                break
+        rc = proc.wait()
+        if current is not None and current not in results:
+            results[current] = {
+                "ok": False,
+                "error": f"the vLLM worker process died (exit status {rc})",
+                "traceback": "\n".join(tail),
+                "seconds": round(time.monotonic() - started, 2),
+            }
+            if log:
+                log(current, results[current])
+        remaining = [j for j in pending if j["id"] not in results]
+        if len(remaining) == len(pending):  # the worker died before starting anything
+            for j in remaining:
+                results[j["id"]] = {
+                    "ok": False,
+                    "error": f"the vLLM worker process exited ({rc}) before this job",
+                    "traceback": "\n".join(tail),
+                }
+            break
+        pending = remaining
+    return results
+
+
+def run_jobs_parallel(jobs: list[dict], workers: int = 1, log=None, **kw) -> dict[str, dict]:
+    """`run_jobs` split over `workers` worker processes, each with an equal share of
+    this machine's cores (VLLM_X86_THREADS). For CI machines with cores to spare;
+    results are the same, only the wall time changes."""
+    if workers <= 1 or len(jobs) <= 1:
+        return run_jobs(jobs, log=log, **kw)
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    env = worker_env()
+    env["VLLM_X86_THREADS"] = str(threads)
+    shares = [jobs[i::workers] for i in range(workers)]
+    out: dict[str, dict] = {}
+    with ThreadPoolExecutor(workers) as ex:
+        for part in ex.map(lambda js: run_jobs(js, log=log, env=env, **kw), shares):
+            out.update(part)
+    return out
+
+
+def make_job(prep: Prepared, mode: str, engine_args: dict | None = None) -> dict:
+    dtype, eager = mode_parts(mode)
+    return {
+        "id": f"{prep.arch}:{mode}",
+        "model": prep.model_dir,
+        "dtype": dtype,
+        "eager": eager,
+        "prompt": prep.prompt,
+        "max_tokens": NEW_TOKENS,
+        "engine_args": engine_args or {},
+    }
+
+
+# ----------------------------------------------------------------------------- verdict
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    reason: str
+    metrics: dict[str, Any]
+
+
+def _max_abs(a: list[float], b: list[float]) -> float:
+    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def judge(prep: Prepared, mode: str, res: dict) -> Verdict:
+    if prep.error:
+        return Verdict(False, prep.error, {})
+    dtype, _ = mode_parts(mode)
+    if not res.get("ok"):
+        return Verdict(False, f"vLLM: {res.get('error', 'no result')}", {})
+    for d in ("float32", dtype):
+        if d in prep.ref_errors:
+            return Verdict(False, prep.ref_errors[d] + " (vLLM ran)", {})
+    f32 = prep.refs["float32"]
+    got = res["tokens"]
+    m: dict[str, Any] = {"seconds": res.get("seconds"), "start_s": res.get("start_s")}
+    if dtype == "float32":
+        d = first_difference(got, f32["tokens"])
+        same = d if d is not None else len(got)
+        m["tokens_equal"] = same
+        m["prompt_lp_err"] = _max_abs(res["prompt_logprobs"], f32["prompt_logprobs"])
+        m["gen_lp_err"] = _max_abs(res["logprobs"][:same], f32["logprobs"][:same])
+        if d is not None:
+            return Verdict(
+                False,
+                f"greedy token {d} differs from transformers fp32 ({got[d]} vs "
+                f"{f32['tokens'][d]}; fp32 top-2 gap there {f32['gaps'][d]:.3g})",
+                m,
+            )
+        err = max(m["prompt_lp_err"], m["gen_lp_err"])
+        if err > FP32_LOGPROB_TOL:
+            return Verdict(False, f"logprob error {err:.2e} > {FP32_LOGPROB_TOL:g}", m)
+        return Verdict(True, "", m)
+    # bf16
+    b16 = prep.refs["bfloat16"]
+    hf_err = max(
+        _max_abs(b16["prompt_logprobs"], f32["prompt_logprobs"]),
+        _max_abs(b16["logprobs"][:1], f32["logprobs"][:1]),
+    )
+    tol = BF16_ERR_FACTOR * hf_err + BF16_LOGPROB_FLOOR
+    m["hf_bf16_lp_err"] = hf_err
+    m["prompt_lp_err"] = _max_abs(res["prompt_logprobs"], f32["prompt_logprobs"])
+    m["lp_tol"] = tol
+    tie_tol = tol  # a logit gap below the logprob tolerance is a tie in bf16
+    d32 = first_difference(got, f32["tokens"])
+    d16 = first_difference(got, b16["tokens"])
+    if d32 is None or d16 is None:
+        m["tokens_equal"] = len(got)
+        m["matches"] = "fp32" if d32 is None else "bf16"
+    else:
+        m["tokens_equal"] = max(d32, d16)
+        gap = f32["gaps"][d32]
+        top2 = f32["top2"][d32]
+        m["parted_at"] = d32
+        m["fp32_gap"] = gap
+        if not (gap < tie_tol and got[d32] in top2):
+            return Verdict(
+                False,
+                f"greedy token {d32} differs from transformers fp32 ({got[d32]} vs "
+                f"{f32['tokens'][d32]}) where fp32 is no near tie (gap {gap:.3g} >= "
+                f"{tie_tol:.3g}); bf16 transformers parts at {d16}",
+                m,
+            )
+    if m["prompt_lp_err"] > tol:
+        return Verdict(
+            False,
+            f"prompt logprob error {m['prompt_lp_err']:.3g} > {tol:.3g} "
+            f"({BF16_ERR_FACTOR:g} x transformers' own bf16 error {hf_err:.3g} "
+            f"+ {BF16_LOGPROB_FLOOR:g})",
+            m,
+        )
+    return Verdict(True, "", m)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--worker"]:
+        worker_main()
+    else:
+        print("usage: python -m vllm_x86.models.conformance --worker", file=sys.stderr)
+        sys.exit(2)
