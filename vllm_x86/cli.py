@@ -335,6 +335,15 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
 
 
+# ----------------------------------------------------------------------------- check
+
+
+def cmd_check(ns: argparse.Namespace) -> int:
+    from vllm_x86.check import main_ns
+
+    return main_ns(ns)
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -441,6 +450,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_daemon_parser(sub)
 
+    from vllm_x86.check import add_arguments as add_check_arguments
+
+    ck = sub.add_parser(
+        "check",
+        help="can a model directory run on the plugin, correctly? (a verdict per stage)",
+        description="The conformance suite's check on your checkpoint: architecture "
+        "registered, every op has a CPU implementation, parity with transformers (fp32 "
+        "and bf16), a short speed run. Big checkpoints are checked as a tiny random copy "
+        "of their config. Guide: docs/porting.md.",
+    )
+    add_check_arguments(ck)
+
     qz = sub.add_parser(
         "quantize",
         help="write an INT8/INT4 prepacked copy of a bf16 model that serves directly",
@@ -507,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": lambda: cmd_bench(ns, argv),
         "daemon": lambda: cmd_daemon(ns),
         "quantize": lambda: cmd_quantize(ns),
+        "check": lambda: cmd_check(ns),
     }
     try:
         return handlers[ns.cmd]()

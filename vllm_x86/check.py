@@ -1,0 +1,272 @@
+"""`vllm-x86 check MODEL_DIR`: can this checkpoint run on the plugin, correctly?
+
+The same check the conformance suite runs on every architecture of the support matrix,
+on a user's checkpoint, with a verdict per stage:
+
+1. architecture: config.json names an architecture vLLM implements (natively or through
+   its transformers backend), and transformers has it (the reference); the support
+   matrix's status for it, if it is there.
+2. ops: the model loads in vLLM on this CPU and every op it uses has an implementation
+   here: the plugin's kernel, vLLM's CPU kernel, or PyTorch; listed per op.
+3. parity: greedy tokens and log-probabilities against transformers on the same prompt
+   token ids (fp32, then bf16; eager, and compiled with --compiled), with the suite's
+   tolerances (vllm_x86/models/conformance.py).
+4. speed: decode tokens/s of one request (bf16 eager).
+
+With weights up to --max-real-gib (default 1 GiB) the real weights are used; beyond
+that, or with --tiny, a tiny random-weight copy of the config (the suite's shrink,
+vllm_x86/models/tiny.py): that checks the code paths, not the weights, and its speed
+says nothing about the real model's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+STAGES = ("architecture", "ops", "parity", "speed")
+
+
+class CheckError(Exception):
+    pass
+
+
+def _say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+def read_config(model_dir: Path) -> dict:
+    cfg = model_dir / "config.json"
+    if not cfg.is_file():
+        raise CheckError(f"{model_dir} has no config.json: not a Hugging Face model directory")
+    return json.loads(cfg.read_text())
+
+
+def weights_bytes(model_dir: Path) -> int:
+    return sum(p.stat().st_size for p in model_dir.glob("*.safetensors")) + sum(
+        p.stat().st_size for p in model_dir.glob("*.bin")
+    )
+
+
+def stage_architecture(cfg: dict) -> tuple[bool, list[str], str]:
+    """(ok, lines, arch)."""
+    archs = cfg.get("architectures") or []
+    if not archs:
+        return False, ["config.json lists no architectures"], ""
+    arch = archs[0]
+    lines = []
+    from vllm.model_executor.models.registry import (
+        _TEXT_GENERATION_MODELS,
+        _TRANSFORMERS_SUPPORTED_MODELS,
+        ModelRegistry,
+    )
+
+    ok = True
+    if arch in _TEXT_GENERATION_MODELS:
+        lines.append(f"{arch}: vLLM text-generation model ({_TEXT_GENERATION_MODELS[arch][0]}.py)")
+    elif arch in _TRANSFORMERS_SUPPORTED_MODELS:
+        lines.append(f"{arch}: runs through vLLM's transformers backend (no native vLLM model)")
+    elif arch in ModelRegistry.get_supported_archs():
+        lines.append(f"{arch}: registered in vLLM (not a plain text-generation model)")
+    else:
+        ok = False
+        lines.append(
+            f"{arch}: vLLM does not know this architecture. Register an implementation "
+            "(ModelRegistry.register_model, see docs/porting.md) or use a supported one."
+        )
+    import transformers
+
+    if hasattr(transformers, arch):
+        lines.append(f"transformers has {arch}: it is the reference for the parity stage")
+    else:
+        lines.append(f"transformers has no {arch}: the parity stage cannot run")
+    status = matrix_status(arch)
+    if status:
+        lines.append("support matrix: " + ", ".join(f"{m} {s}" for m, s in status.items()))
+    else:
+        lines.append("support matrix: not in the suite's table (vllm_x86/models/archs.py)")
+    return ok, lines, arch
+
+
+def matrix_status(arch: str) -> dict[str, str]:
+    path = Path(__file__).resolve().parent.parent / "docs" / "supported_models.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    row = data.get("archs", {}).get(arch)
+    return {m: e["status"] for m, e in (row or {}).get("modes", {}).items()}
+
+
+def tiny_copy(model_dir: Path, arch: str):
+    """The suite's shrink applied to the user's config; returns (config, gain)."""
+    import transformers
+    from transformers import AutoConfig
+
+    from vllm_x86.models import tiny
+    from vllm_x86.models.archs import BY_NAME
+
+    if not hasattr(transformers, arch):
+        raise CheckError(f"transformers has no {arch}: cannot build a reference copy")
+    user = AutoConfig.from_pretrained(str(model_dir))
+    row = BY_NAME.get(arch)
+    text = user.get_text_config() if hasattr(user, "get_text_config") else user
+    d = text.to_dict()
+    n_layers = d.get("num_hidden_layers")
+    # per-layer lists are rebuilt by the config class for the new depth
+    keep = {
+        k: v
+        for k, v in d.items()
+        if not (isinstance(v, list) and n_layers and len(v) == n_layers)
+        and k not in ("architectures", "transformers_version", "model_type", "dtype", "torch_dtype")
+        and not k.startswith("_")
+    }
+    for k in ("quantization_config", "auto_map"):
+        keep.pop(k, None)
+    kwargs = {**keep, **tiny.shrink_kwargs(d, row.extra if row else None)}
+    cfg = type(text)(**kwargs)
+    cfg.architectures = [arch]
+    return cfg, (row.gain if row else tiny.LAYER_GAIN)
+
+
+def run_check(
+    model_dir: Path,
+    use_tiny: bool | None = None,
+    compiled: bool = False,
+    max_real_gib: float = 1.0,
+    speed_tokens: int = 64,
+) -> int:
+    from vllm_x86.models import conformance as conf
+    from vllm_x86.models import tiny
+
+    model_dir = Path(model_dir).expanduser().resolve()
+    if not model_dir.is_dir():
+        raise CheckError(f"{model_dir} is not a directory")
+    cfg = read_config(model_dir)
+    verdicts: dict[str, str] = {}
+
+    _say(f"== 1. architecture ({model_dir})")
+    ok, lines, arch = stage_architecture(cfg)
+    for ln in lines:
+        _say("   " + ln)
+    verdicts["architecture"] = "ok" if ok else "FAIL"
+    if not ok:
+        return _summary(verdicts)
+
+    size = weights_bytes(model_dir)
+    if use_tiny is None:
+        use_tiny = size == 0 or size > max_real_gib * 2**30
+    if use_tiny:
+        _say(
+            f"   weights: {size / 2**30:.2f} GiB: checking a tiny random-weight copy of the "
+            "config (code paths, not these weights)"
+        )
+        tcfg, gain = tiny_copy(model_dir, arch)
+        run_dir = tiny.build(arch, tcfg, gain=gain)
+        vocab = tiny.text_config(tcfg).vocab_size
+        ref_cache = None
+    else:
+        _say(f"   weights: {size / 2**30:.2f} GiB: checking the real weights")
+        run_dir = model_dir
+        text = cfg.get("text_config", cfg)
+        vocab = int(text.get("vocab_size") or cfg.get("vocab_size"))
+        key = hashlib.sha256(str(model_dir).encode()).hexdigest()[:12]
+        ref_cache = Path(tiny.tiny_root()).parent / "check" / key
+    prompt = tiny.prompt_ids(vocab)
+    prep = conf.Prepared(arch, str(run_dir), prompt)
+    conf.fill_references(prep, ref_cache)
+    for why in prep.ref_errors.values():
+        _say("   " + why)
+
+    modes = ["fp32-eager", "bf16-eager"] + (["fp32-compiled", "bf16-compiled"] if compiled else [])
+    jobs = [conf.make_job(prep, m) for m in modes]
+    jobs[0]["inventory"] = True
+    speed_job = next(j for j in jobs if j["id"].endswith("bf16-eager"))
+    speed_job["speed_tokens"] = speed_tokens
+    _say(f"   running vLLM: {', '.join(modes)} (one worker process, one run at a time)")
+    results = conf.run_jobs(jobs)
+
+    _say("== 2. ops")
+    first = results.get(jobs[0]["id"], {})
+    if first.get("ok"):
+        for row in sorted(first.get("ops", []), key=lambda r: (r["path"], r["op"])):
+            n = f" x{row['count']}" if row["count"] else ""
+            _say(f"   {row['op']:<28} {row['class']:<34} {row['path']}{n}")
+        verdicts["ops"] = "ok"
+    else:
+        _say(f"   the model did not load or run in vLLM: {first.get('error', 'no result')}")
+        tb = first.get("traceback", "")
+        if tb:
+            _say("   " + "\n   ".join(tb.strip().splitlines()[-8:]))
+        verdicts["ops"] = "FAIL"
+
+    _say("== 3. parity with transformers")
+    all_ok = True
+    for job in jobs:
+        mode = job["id"].split(":", 1)[1]
+        res = results.get(job["id"], {"ok": False, "error": "no result"})
+        v = conf.judge(prep, mode, res)
+        all_ok &= v.ok
+        m = v.metrics
+        detail = ", ".join(
+            f"{k} {m[k]:.3g}" if isinstance(m.get(k), float) else f"{k} {m[k]}"
+            for k in ("tokens_equal", "prompt_lp_err", "lp_tol")
+            if k in m
+        )
+        _say(
+            f"   {mode:<14} {'ok' if v.ok else 'FAIL'}  {detail}{'  ' + v.reason if v.reason else ''}"
+        )
+    verdicts["parity"] = "ok" if all_ok else "FAIL"
+
+    _say("== 4. speed (bf16 eager, one request)")
+    sp = results.get(speed_job["id"], {}).get("speed")
+    if sp:
+        note = " (tiny random copy: not the real model's speed)" if use_tiny else ""
+        _say(
+            f"   {sp['decode_tok_s']} tokens/s decode, {sp['prefill_s'] * 1000:.0f} ms for a "
+            f"{len(prompt)}-token prompt{note}"
+        )
+        verdicts["speed"] = "ok"
+    else:
+        _say("   no speed run (the bf16 eager run failed)")
+        verdicts["speed"] = "FAIL"
+    return _summary(verdicts)
+
+
+def _summary(verdicts: dict[str, str]) -> int:
+    _say("== verdict")
+    for s in STAGES:
+        _say(f"   {s:<13} {verdicts.get(s, 'not run')}")
+    return 0 if all(verdicts.get(s) == "ok" for s in STAGES) else 1
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_dir", help="a Hugging Face model directory (config.json + weights)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--tiny", action="store_true", help="always use a tiny random copy")
+    g.add_argument("--real", action="store_true", help="always use the real weights")
+    p.add_argument("--compiled", action="store_true", help="also check compiled mode (slower)")
+    p.add_argument(
+        "--max-real-gib",
+        type=float,
+        default=1.0,
+        help="largest weights checked as they are (default %(default)s GiB)",
+    )
+
+
+def main_ns(ns: argparse.Namespace) -> int:
+    use_tiny = True if ns.tiny else False if ns.real else None
+    try:
+        return run_check(Path(ns.model_dir), use_tiny, ns.compiled, ns.max_real_gib)
+    except CheckError as e:
+        print(f"vllm-x86 check: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="vllm-x86 check")
+    add_arguments(ap)
+    sys.exit(main_ns(ap.parse_args()))
