@@ -103,6 +103,14 @@ def rope_fast(
     return both[:, :nq].reshape(query.shape), both[:, nq:].reshape(key.shape)
 
 
+def _packed_heads(t: torch.Tensor, head_size: int) -> bool:
+    """The layouts the kernel takes: [tokens, heads * head_size] with contiguous rows,
+    or [tokens, heads, head_size] with heads back to back (any token stride)."""
+    if t.dim() == 2:
+        return t.stride(1) == 1
+    return t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == head_size
+
+
 class X86RotaryMixin:
     """forward_cpu for vLLM's RotaryEmbedding and its subclasses that only change
     how the cos/sin cache is computed (Llama 3, linear/NTK/YaRN scaling...).
@@ -136,9 +144,20 @@ class X86RotaryMixin:
             why = "query or key is not contiguous in its last dimension"
         if why is None:
             cache = self._match_cos_sin_cache_dtype(query)
+            # The kernel takes whole heads one after another. A view whose heads are
+            # spaced wider (MLA rotates q[..., nope:], a slice of each head) runs on a
+            # packed copy, written back so the op stays in place.
+            q = query if _packed_heads(query, self.head_size) else query.contiguous()
+            k = key
+            if key is not None and not _packed_heads(key, self.head_size):
+                k = key.contiguous()
             torch.ops.vllm_x86.rotary_embedding(
-                positions.flatten().long(), query, key, self.head_size, cache, self.is_neox_style
+                positions.flatten().long(), q, k, self.head_size, cache, self.is_neox_style
             )
+            if q is not query:
+                query.copy_(q)
+            if k is not key:
+                key.copy_(k)
             return query, key
         warn_fallback("rotary_embedding", why)
         return rope_fast(
