@@ -178,12 +178,13 @@ def apply(vllm_config) -> Path | None:
     when the user has not set VLLM_CACHE_ROOT). The directory, or None when untouched."""
     from vllm.config import CompilationMode
 
-    if os.environ.get(CHECKED_ENV):
-        return Path(os.environ[CHECKED_ENV])
+    if CHECKED_ENV in os.environ:  # decided by the process that started this one
+        return Path(os.environ[CHECKED_ENV]) if os.environ[CHECKED_ENV] else None
     cc = vllm_config.compilation_config
     if cc.mode in (None, CompilationMode.NONE):
         return None
     if os.environ.get("VLLM_CACHE_ROOT", ""):
+        os.environ[CHECKED_ENV] = ""  # the engine processes need not say it again
         logger.info(
             "vllm-x86: compile cache in VLLM_CACHE_ROOT=%s (yours; not keyed or checked "
             "by the plugin)",
