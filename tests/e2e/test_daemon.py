@@ -229,7 +229,14 @@ def test_stop_leaves_nothing_behind(daemon):
     assert not f.pid.exists() and not f.state.exists()
     assert not paths.is_daemon_process(daemon["pid"])
     for pg in groups | {daemon["pid"]}:
-        assert not paths.group_members(pg), f"process group {pg} still has processes"
+        left = paths.group_members(pg)
+        cmds = []
+        for pid in left:
+            try:
+                cmds.append(open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" "))
+            except OSError:
+                pass
+        assert not left, f"process group {pg} still has processes: {cmds}"
     with socket.socket() as s:  # the model server's port is free again
         assert s.connect_ex(("127.0.0.1", daemon["port"])) != 0
     r = _cli(daemon["env"], "daemon", "status")

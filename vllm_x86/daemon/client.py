@@ -169,8 +169,15 @@ def stop(f: DaemonFiles | None = None) -> bool:
     if is_daemon_process(pid):
         _say(f"the daemon did not stop in {STOP_TIMEOUT_S:.0f} s: killing it")
         _kill_tree(pid, model_pgid)
-    elif model_pgid is not None and group_members(model_pgid):
-        _kill_tree(None, model_pgid)
+    # Return only when no process of the daemon's or its model server's group is left
+    # (one may still be exiting a moment after the daemon).
+    groups = [g for g in (pid, model_pgid) if g is not None]
+    deadline = time.monotonic() + 10.0
+    while any(group_members(g) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if any(group_members(g) for g in groups):
+        _say("processes of the daemon were still running after it stopped: killing them")
+        _kill_tree(pid, model_pgid)
     remove_files(f)
     _say("daemon stopped")
     return True
