@@ -182,7 +182,10 @@ def run_check(
         _say("   " + why)
 
     modes = ["fp32-eager", "bf16-eager"] + (["fp32-compiled", "bf16-compiled"] if compiled else [])
-    jobs = [conf.make_job(prep, m) for m in modes]
+    from vllm_x86.models.archs import BY_NAME
+
+    row = BY_NAME.get(arch)
+    jobs = [conf.make_job(prep, m, row.engine if row else None) for m in modes]
     jobs[0]["inventory"] = True
     speed_job = next(j for j in jobs if j["id"].endswith("bf16-eager"))
     speed_job["speed_tokens"] = speed_tokens

@@ -8,9 +8,10 @@ vllm_x86/models/conformance.py defines them (tolerances there and in
 docs/supported_models.md). A case that archs.py marks as failing, with the reason, is
 an xfail; one that passes anyway fails the suite until the table is updated.
 
-    pytest tests/models/test_conformance.py -m slow                   # everything
+    pytest tests/models/test_conformance.py -m slow                   # eager, fp32 + bf16
+    pytest tests/models/test_conformance.py -m slow --modes all       # + compiled
     pytest tests/models/test_conformance.py -m slow --arch Qwen3ForCausalLM
-    pytest tests/models/test_conformance.py -m slow --modes fp32-eager --write-matrix
+    pytest tests/models/test_conformance.py -m slow --modes all --write-matrix
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from vllm_x86.models.archs import BY_NAME
 
 @pytest.fixture(scope="session")
 def conformance_results(request):
-    from vllm_x86.models.archs import MODES
+    from tests.models.conftest import conformance_modes
     from vllm_x86.models.suite import default_results_path, run_suite, select
 
     cfg = request.config
     names = [n for v in cfg.getoption("--arch") for n in v.split(",") if n]
-    modes = tuple(m for m in cfg.getoption("--modes").split(",") if m) or MODES
+    modes = conformance_modes(cfg)
     path = default_results_path()
     out = run_suite(
         select(names),

@@ -75,8 +75,8 @@ def _prep(tokens32, gaps, tokens16=None, lp=-1.0, lp16=-1.0):
             "prompt_logprobs": [v] * 5,
             "logprobs": [v] * n,
             "gaps": gaps,
-            "top2": [[t, 99] for t in tokens32],
-            "top_logits": [5.0] * n,
+            "top_ids": [[t, 99] for t in tokens32],
+            "top_vals": [[5.0, 5.0 - g] for g in gaps],
         }
 
     return conf.Prepared(
@@ -110,8 +110,10 @@ def test_bf16_verdict_allows_parting_only_at_a_near_tie():
     tie = conf.BF16_LOGPROB_FLOOR / 2
     prep = _prep([1, 2, 3, 4], [1.0, 1.0, tie, 1.0])
     assert conf.judge(prep, "bf16-eager", _res([1, 2, 99, 7])).ok  # 99 is the runner-up
-    v = conf.judge(prep, "bf16-eager", _res([1, 7, 3, 4]))
-    assert not v.ok and "no near tie" in v.reason
+    v = conf.judge(prep, "bf16-eager", _res([1, 99, 3, 4]))  # runner-up, but 1.0 behind
+    assert not v.ok and "below fp32's best logit" in v.reason
+    v = conf.judge(prep, "bf16-eager", _res([1, 2, 7, 4]))  # not among fp32's best at all
+    assert not v.ok and "not among" in v.reason
     # equal to transformers' own bf16 answer: fine even where fp32 is decisive
     prep = _prep([1, 2, 3, 4], [1.0] * 4, tokens16=[1, 5, 5, 5])
     assert conf.judge(prep, "bf16-compiled", _res([1, 5, 5, 5])).ok

@@ -88,9 +88,9 @@ def render(data: dict) -> str:
         f"- **fp32**: every greedy token equal to transformers fp32, and every log-probability "
         f"within {tol.get('fp32_logprob_tol', '?')} of it.",
         "- **bf16**: the greedy tokens equal transformers' bf16 or fp32 tokens, or part from "
-        "the fp32 ones only at a near tie of the fp32 reference (its two best logits closer "
-        "than the bf16 tolerance below, and vLLM's token one of the two; nothing after that "
-        "point is compared). Prompt log-probabilities within "
+        "the fp32 ones only at a near tie of the fp32 reference (vLLM's token's fp32 logit "
+        "within the bf16 tolerance below of the best one; nothing after that point is "
+        "compared). Prompt log-probabilities within "
         f"{tol.get('bf16_err_factor', '?')} × transformers' own bf16 error (bf16 transformers "
         f"against fp32 transformers, same prompt) + {tol.get('bf16_logprob_floor', '?')} of "
         "fp32 transformers.",
@@ -143,7 +143,8 @@ def render(data: dict) -> str:
     lines += [
         "",
         "Regenerate: `.venv/bin/python -m pytest tests/models/test_conformance.py -m slow "
-        "--write-matrix` (or `python -m vllm_x86.models.suite --matrix`); one architecture: "
+        "--modes all --write-matrix` (or `python -m vllm_x86.models.suite --matrix`); "
+        "without `--modes` the suite runs the eager modes only (the CI budget); one architecture: "
         "`--arch Qwen3ForCausalLM`. Check your own checkpoint: `vllm-x86 check MODEL_DIR` "
         "([porting.md](porting.md)).",
         "",

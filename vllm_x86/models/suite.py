@@ -95,7 +95,7 @@ def run_suite(
             log(f"[conformance] {a.name}: {p.error}")
             continue
         for mode in modes:
-            jobs.append(conf.make_job(p, mode))
+            jobs.append(conf.make_job(p, mode, a.engine))
     log(f"[conformance] {len(jobs)} vLLM runs for {len(preps)} architectures")
 
     def progress(job_id: str, res: dict) -> None:

@@ -32,6 +32,8 @@ LOGIT_STD = 4.0
 LAYER_GAIN = 4.0
 PROMPT_LEN = 24
 NEW_TOKENS = 16
+TOP_K = 8  # best ids kept per greedy step of a reference (for the bf16 near-tie rule)
+REF_FORMAT = 2
 DONE = ".vllm-x86-tiny.json"
 
 # Generic small values, applied to a config only where its class has the attribute.
@@ -285,7 +287,8 @@ def reference(model_dir: Path, dtype_name: str, prompt: list[int], new_tokens: i
     an exotic architecture is then no part of the reference. Returns
     ``tokens`` (greedy), ``prompt_logprobs`` (log p of prompt token i given the ones
     before, i >= 1), ``logprobs`` (of each greedy token), ``gaps`` (top-1 minus top-2
-    logit at each greedy step) and ``top2`` (the two best ids there)."""
+    logit at each greedy step), ``top_ids``/``top_vals`` (the TOP_K best ids there and
+    their logits)."""
     import torch
 
     model = _load(model_dir, dtype_name)
@@ -307,14 +310,14 @@ def teacher_forced(model, prompt: list[int], continuation: list[int]) -> dict:
     ids = torch.tensor(seq)
     tok_lp = lp[:-1].gather(1, ids[1:, None])[:, 0].tolist()  # log p(seq[i+1] | seq[:i+1])
     n = len(prompt)
-    top = logits[n - 1 : n - 1 + len(continuation)].topk(2, dim=-1)
+    top = logits[n - 1 : n - 1 + len(continuation)].topk(TOP_K, dim=-1)
     return {
         "tokens": list(continuation),
         "prompt_logprobs": tok_lp[: n - 1],
         "logprobs": tok_lp[n - 1 :],
         "gaps": (top.values[:, 0] - top.values[:, 1]).tolist(),
-        "top2": top.indices.tolist(),
-        "top_logits": top.values[:, 0].tolist(),
+        "top_ids": top.indices.tolist(),  # the TOP_K best ids at each greedy step
+        "top_vals": top.values.tolist(),  # and their logits
     }
 
 
@@ -328,7 +331,7 @@ def cached_reference(
     """``reference`` stored beside the checkpoint (or in `cache_dir`) and reused."""
     cache = Path(cache_dir or model_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256(json.dumps(prompt).encode()).hexdigest()[:8]
+    key = hashlib.sha256(json.dumps([REF_FORMAT, prompt]).encode()).hexdigest()[:8]
     path = cache / f"reference-{dtype_name}-{key}-{new_tokens}.json"
     if path.is_file():
         return json.loads(path.read_text())
