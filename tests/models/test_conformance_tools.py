@@ -140,8 +140,8 @@ def test_matrix_renders_counts_and_reasons(tmp_path):
                 "features": "GQA",
                 "modes": {m: {"status": "pass", "reason": "", "metrics": {}} for m in MODES},
             },
-            "MambaForCausalLM": {
-                "examples": ["state-spaces/mamba-130m-hf"],
+            "ExampleForCausalLM": {
+                "examples": ["example/model"],
                 "features": "SSM",
                 "modes": {
                     "fp32-eager": {"status": "xfail", "reason": "no CPU selective scan"},
@@ -151,9 +151,16 @@ def test_matrix_renders_counts_and_reasons(tmp_path):
         },
     }
     md = matrix.render(data)
-    assert "**1 of 2 architectures pass in fp32 eager**" in md
+    assert "**1 of 2 architectures pass in fp32 eager, 2 in bf16 eager.**" in md
     assert "no CPU selective scan" in md
     assert "`meta-llama/Llama-3.1-8B-Instruct`" in md
+    # a failure the table explains shows the table's reason
+    data["archs"]["MambaForCausalLM"] = {
+        "examples": [],
+        "modes": {"fp32-eager": {"status": "fail", "reason": "vLLM: AttributeError: x"}},
+    }
+    assert "selective scan" in matrix.render(data)
+    del data["archs"]["MambaForCausalLM"]
     c = matrix.counts(data)
     assert c["all_modes"] == 1 and c["bf16-eager"] == 2
     (tmp_path / "r.json").write_text(json.dumps(data))

