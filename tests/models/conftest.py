@@ -20,6 +20,7 @@ def pytest_addoption(parser):
     g.addoption("--arch", action="append", default=[], help="architecture class name(s)")
     g.addoption("--modes", default="", help="comma-separated conformance modes")
     g.addoption("--write-matrix", action="store_true", help="render docs/supported_models.md after")
+    g.addoption("--conformance-workers", type=int, default=1, help="vLLM worker processes")
 
 
 def _archs(config) -> list[str]:
