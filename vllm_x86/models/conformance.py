@@ -220,7 +220,11 @@ def op_inventory(model) -> list[dict]:
     try:
         from vllm_x86.ops.registry import ir_providers
 
-        for op, prov in ir_providers().items():
+        ir = ir_providers()
+        for row in rows.values():  # a CustomOp whose native code calls a vLLM IR op
+            if row["op"] in ir and row["path"] == "PyTorch (forward_native)":
+                row["path"] = f"vLLM IR op {row['op']}, providers {ir[row['op']]}"
+        for op, prov in ir.items():
             rows[(op, "ir")] = {
                 "op": op,
                 "class": "vLLM IR op",
