@@ -74,9 +74,10 @@ def test_server_commands_differ_only_in_entry_point():
 
     plugin = server_command(C.CONTENDERS["plugin"], "/m", 8001, "bfloat16", "eager", 2048)
     stock = server_command(C.CONTENDERS["stock"], "/m", 8001, "bfloat16", "eager", 2048)
-    assert plugin[1:5] == ["-m", "vllm_x86.cli", "serve", "/m"]
+    # the plugin never hands a benchmark run over to a standby daemon
+    assert plugin[1:6] == ["-m", "vllm_x86.cli", "serve", "/m", "--no-daemon"]
     assert stock[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
-    assert plugin[5:] == stock[5:]
+    assert plugin[6:] == stock[5:]
     assert "--enforce-eager" in plugin
     compiled = server_command(C.CONTENDERS["plugin"], "/m", 8001, "bfloat16", "compiled", 2048)
     assert "--enforce-eager" not in compiled

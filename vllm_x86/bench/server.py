@@ -60,7 +60,8 @@ def server_command(
         flags.append("--enforce-eager")
     flags.extend(contender.args)
     if contender.kind == "plugin-server":
-        return [sys.executable, "-m", "vllm_x86.cli", "serve", model, *flags]
+        # --no-daemon: a standby daemon running on the machine must not take the run over.
+        return [sys.executable, "-m", "vllm_x86.cli", "serve", model, "--no-daemon", *flags]
     if contender.kind == "vllm-server":
         return [
             sys.executable,
