@@ -37,7 +37,9 @@ def tiny(default_model):
     return build("tiny-llama")
 
 
-def generate(model, *extra, dtype="bfloat16", check=True) -> dict | subprocess.CompletedProcess:
+def generate(
+    model, *extra, dtype="bfloat16", check=True, env=None
+) -> dict | subprocess.CompletedProcess:
     r = subprocess.run(
         [
             PYTHON,
@@ -56,24 +58,31 @@ def generate(model, *extra, dtype="bfloat16", check=True) -> dict | subprocess.C
         capture_output=True,
         text=True,
         timeout=600,
-        env=clean_env(),
+        env=clean_env(**(env or {})),
     )
     if not check:
         return r
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     line = next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT ") :])
+    return {**json.loads(line[len("RESULT ") :]), "log": r.stdout + r.stderr}
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_prepacked_equals_quantized_while_loading(tiny, tmp_path, bits):
+@pytest.mark.parametrize("bits,lm_head", [(8, False), (4, False), (4, True)])
+def test_prepacked_equals_quantized_while_loading(tiny, tmp_path, bits, lm_head):
     from vllm_x86.quant.convert import quantize_checkpoint
 
     out = tmp_path / f"int{bits}"
-    quantize_checkpoint(tiny, out, bits, progress=None)
-    on_the_fly = generate(tiny, "--quantization", f"x86_int{bits}")
+    quantize_checkpoint(tiny, out, bits, lm_head=lm_head, progress=None)
+    on_the_fly = generate(
+        tiny,
+        "--quantization",
+        f"x86_int{bits}",
+        env={"VLLM_X86_QUANT_LM_HEAD": "1" if lm_head else "0"},
+    )
     prepacked = generate(out)
     assert prepacked["platform"] == "X86Platform"
+    for run in (on_the_fly, prepacked):
+        assert ("LM head (49152 x 256) in INT8" in run["log"]) == lm_head
     assert len(prepacked["token_ids"][0]) == NEW_TOKENS
     assert prepacked["token_ids"] == on_the_fly["token_ids"]
 
