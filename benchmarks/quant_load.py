@@ -38,7 +38,7 @@ llm = LLM(sys.argv[1], dtype="bfloat16", enforce_eager=True, max_model_len=512, 
 print("CONSTRUCT", time.monotonic() - t0, flush=True)
 """
 
-LOAD_RE = re.compile(r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds")
+LOAD_RE = re.compile(r"model weights loaded in ([\d.]+) s")  # vllm_x86/worker.py
 
 
 def _warm(path: Path) -> None:
