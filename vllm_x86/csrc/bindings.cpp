@@ -28,11 +28,15 @@ TORCH_LIBRARY(vllm_x86, m) {
       "Tensor positions, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, "
       "int num_heads, int num_kv_heads, int head_size, float epsilon) -> ()");
   m.impl("split_norm_rope_neox", torch::kCPU, &vllm_x86::split_norm_rope_neox);
+  m.def("int8_w8a16_gemm(Tensor x, Tensor w, Tensor scale, Tensor? bias) -> Tensor");
+  m.impl("int8_w8a16_gemm", torch::kCPU, &vllm_x86::int8_w8a16_gemm);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "vllm-x86 CPU kernels (ops are under torch.ops.vllm_x86)";
   m.def("isa", &vllm_x86::isa, "The ISA whose kernels run now");
   m.def("available_isas", &vllm_x86::available_isas, "ISAs this CPU can run");
+  m.def("amx_available", &vllm_x86::amx_available,
+        "Whether the AMX kernels can run here (asks Linux for the tile state)");
   m.def("set_isa", &vllm_x86::set_isa, "Pick the kernels' ISA: auto, avx2, avx512, avx512_bf16");
 }

@@ -4,10 +4,12 @@
 #include <ATen/Parallel.h>
 #include <torch/all.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "amx_gemm.h"
 #include "kernels.h"
 #include "ops.h"
 
@@ -309,6 +311,63 @@ void split_norm_rope_neox(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& v_ou
                                             static_cast<int>(head_size), rot, eps, b, e,
                                             scratch_for(head_size));
                    });
+}
+
+bool amx_available() { return amx::init(); }
+
+at::Tensor int8_w8a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
+                           const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(amx::init(),
+              "vllm-x86 int8_w8a16_gemm needs AMX-INT8 (and Linux's permission to use it); "
+              "this CPU or process has none");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1,
+              "vllm-x86 int8_w8a16_gemm: x must be a 2-D bfloat16 tensor with contiguous rows");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.is_contiguous(),
+              "vllm-x86 int8_w8a16_gemm: w must be the packed int8 weight [N/16, K*16]");
+  const int64_t m = x.size(0), k = x.size(1), nblocks = w.size(0), n = nblocks * 16;
+  TORCH_CHECK(k % 64 == 0 && w.size(1) == k * 16,
+              "vllm-x86 int8_w8a16_gemm: K must be a multiple of 64 and match the packed "
+              "weight (x has K=", k, ", w is ", w.sizes(), ")");
+  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == n && scale.scalar_type() == at::kFloat &&
+                  scale.is_contiguous(),
+              "vllm-x86 int8_w8a16_gemm: scale must be contiguous float32 [N]");
+  const float* bp = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == at::kFloat &&
+                    bias->is_contiguous(),
+                "vllm-x86 int8_w8a16_gemm: bias must be contiguous float32 [N]");
+    bp = bias->data_ptr<float>();
+  }
+  at::Tensor out = at::empty({m, n}, x.options());
+  if (m == 0) return out;
+  // activations as 16-bit integers split in bytes; the A tiles read 16 rows at a time,
+  // so a ragged tail is padded with zero rows
+  const int64_t m_pad = (m + 15) / 16 * 16;
+  at::Tensor hi = at::empty({m_pad, k}, x.options().dtype(at::kChar));
+  at::Tensor lo = at::empty({m_pad, k}, x.options().dtype(at::kByte));
+  at::Tensor xs = at::empty({m_pad}, x.options().dtype(at::kFloat));
+  if (m_pad != m) {
+    hi.narrow(0, m, m_pad - m).zero_();
+    lo.narrow(0, m, m_pad - m).zero_();
+  }
+  auto* hp = hi.data_ptr<int8_t>();
+  auto* lp = lo.data_ptr<uint8_t>();
+  auto* xsp = xs.data_ptr<float>();
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const int64_t ldx = x.stride(0);
+  at::parallel_for(0, m, std::max<int64_t>(1, 32768 / k), [&](int64_t b, int64_t e) {
+    amx::split_rows(xp, ldx, k, b, e, hp, lp, xsp);
+  });
+  const auto* wp = w.data_ptr<int8_t>();
+  const float* sp = scale.data_ptr<float>();
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  // work in units of 2 channel blocks (what one decode step of the kernel takes)
+  const int64_t units = (nblocks + 1) / 2;
+  at::parallel_for(0, units, 1, [&](int64_t b, int64_t e) {
+    amx::int8_w8a16_gemm(hp, lp, xsp, m_pad, m, k, wp, sp, bp, op, n, b * 2,
+                         std::min(e * 2, nblocks));
+  });
+  return out;
 }
 
 }  // namespace vllm_x86

@@ -29,4 +29,10 @@ void split_norm_rope_neox(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& v_ou
                           const at::Tensor& cos_sin_cache, int64_t num_heads,
                           int64_t num_kv_heads, int64_t head_size, double epsilon);
 
+bool amx_available();
+// INT8-weight linear on AMX with 16-bit activations (amx_gemm.cpp):
+// bf16 [M, K] x packed int8 -> bf16 [M, N].
+at::Tensor int8_w8a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
+                        const std::optional<at::Tensor>& bias);
+
 }  // namespace vllm_x86

@@ -103,3 +103,19 @@ def split_norm_rope_neox(
     q_out.copy_(qn.view_as(q_out))
     k_out.copy_(kn.view_as(k_out))
     v_out.copy_(v.reshape(v_out.shape))
+
+
+def int8_w8a16_gemm(
+    x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [M, K] @ (q * scale)^T (+ bias) in float32, rounded to x's dtype; `w` is the
+    packed [N/16, 16 K] int8 weight of quant/methods.pack_int8_w8a16, unpacked here.
+    The kernel rounds the activations to 16-bit integers per token; the reference does
+    not (the tests bound the difference)."""
+    nb, k16 = w.shape
+    k = k16 // 16
+    q = w.view(nb, k // 64, 16, 16, 4).permute(0, 3, 1, 2, 4).reshape(nb * 16, k)
+    out = x.float() @ (q.float() * scale.float()[:, None]).t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
