@@ -72,9 +72,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "VLLM_X86_QUANT_KERNEL",
         "auto",
-        "x86_int8/x86_int4 kernels: auto (vLLM CPU's AMX kernels where the CPU has AMX) "
-        "or torch (PyTorch's weight-only kernels, bf16 activations; slow for batches). "
-        "For comparisons.",
+        "x86_int8/x86_int4 kernels where the CPU has AMX: auto (INT8: the plugin's "
+        "int8_w8a16_gemm, 16-bit activations; INT4: vLLM CPU's AMX kernel), w8a8 (INT8 "
+        "quantized while loading runs vLLM CPU's AMX-INT8 kernel, 8-bit activations: "
+        "faster for batches, less accurate) or torch (PyTorch's weight-only kernels; slow "
+        "for batches). For comparisons.",
     ),
     Setting(
         "VLLM_X86_ENGINE_FORK",

@@ -4,10 +4,13 @@ reference, the prepacked format's assumptions, the converter and its error messa
 Tolerances (relative Frobenius error of the layer output, ||y - y_ref|| / ||y_ref||):
 - PyTorch's weight-only kernels (no AMX, VLLM_X86_QUANT_KERNEL=torch) against the
   dequantized weight times the bf16 activations: 1e-2 (bf16 rounding of the output).
-- the AMX kernels, which also quantize the activations per token to 8 bits: against the
-  same reference 2e-2 (measured 0.8-0.9e-2); against a reference that quantizes the
-  activations the same way (symmetric per token, amax/127), 5e-3 (measured 1.7-1.9e-3,
-  the bf16 rounding of the output). A packing or scale error gives errors near 1.
+- the plugin's INT8 kernel (int8_w8a16_gemm: 16-bit activations per token) against the
+  same reference: 5e-3 (measured about 2e-3, the bf16 rounding of the output).
+- vLLM's AMX kernels, which quantize the activations per token to 8 bits (INT4, and
+  INT8 with VLLM_X86_QUANT_KERNEL=w8a8): against the same reference 2e-2 (measured
+  0.8-0.9e-2); against a reference that quantizes the activations the same way
+  (symmetric per token, amax/127), 5e-3 (measured 1.7-1.9e-3). A packing or scale error
+  gives errors near 1.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from vllm_x86.quant import methods as m
 AMX = bool(torch.cpu._is_amx_tile_supported())
 needs_amx = pytest.mark.skipif(not AMX, reason="the CPU has no AMX (the kernels are AMX)")
 
-SHAPES = [(256, 576), (1024, 1024), (576, 1536)]  # (N, K): SmolLM2 and Qwen3 layers
+SHAPES = [(256, 576), (1024, 1024), (576, 1536), (192, 576)]  # SmolLM2 and Qwen3 layers
 ROWS = [1, 8, 32, 64]
+ODD_ROWS = [3, 17, 100]  # ragged row tiles of the INT8 kernel
 
 
 def _rel(y, ref) -> float:
@@ -103,17 +107,55 @@ def test_effective_group_size_falls_back_for_576():
 
 
 @needs_amx
-@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("rows", ROWS + ODD_ROWS)
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_int8_amx_kernel_matches_reference(n, k, rows):
     w, x = _data(n, k, rows)
+    x[0, 5] = 60.0  # an outlier sets the row's 16-bit step
     layer = _layer(w, m.X86Int8Linear(_Cfg()))
+    assert layer.x86_kernel == "w8a16"
     y = m.X86Int8Linear(_Cfg()).matmul(layer, x, None)
     q, scale = m.quantize_int8(w)
     wd = m.dequantize_int8(q, scale)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
+    assert _rel(y, x.float() @ wd.t()) < 5e-3
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", ROWS)
+def test_int8_w8a8_kernel_matches_reference(rows, monkeypatch):
+    monkeypatch.setenv("VLLM_X86_QUANT_KERNEL", "w8a8")
+    n, k = 1024, 1024
+    w, x = _data(n, k, rows)
+    layer = _layer(w, m.X86Int8Linear(_Cfg()))
+    assert layer.x86_kernel == "w8a8"
+    y = m.X86Int8Linear(_Cfg()).matmul(layer, x, None)
+    wd = m.dequantize_int8(*m.quantize_int8(w))
     assert _rel(y, _act_quant(x) @ wd.t()) < 5e-3
     assert _rel(y, x.float() @ wd.t()) < 2e-2
+
+
+@needs_amx
+def test_int8_kernel_reference_and_special_rows():
+    """The op against its reference in ops/reference.py: a zero row gives zeros, a row
+    holding NaN gives NaN (as a float matmul), other rows are unaffected."""
+    from vllm_x86.ops import reference
+
+    m.check_plugin_amx()
+    w, x = _data(64, 128, 4)
+    x[1] = 0
+    x[2, 7] = float("nan")
+    q, scale = m.quantize_int8(w)
+    packed = m.pack_int8_w8a16(q)
+    bias = torch.randn(64)
+    y = torch.ops.vllm_x86.int8_w8a16_gemm(x, packed, scale, bias)
+    ref = reference.int8_w8a16_gemm(x, packed, scale, bias)
+    assert torch.equal(y[1], bias.to(torch.bfloat16))
+    assert y[2].isnan().all()
+    for r in (0, 3):
+        assert _rel(y[r], ref[r].float()) < 5e-3
+    with pytest.raises(RuntimeError, match="K must be a multiple of 64"):
+        torch.ops.vllm_x86.int8_w8a16_gemm(x[:, :96], packed, scale, None)
 
 
 @needs_amx
@@ -166,8 +208,12 @@ def test_packing_a_concatenation_is_concatenating_the_packs():
     b, _ = _data(64, 576, 1, seed=2)
     qa, _ = m.quantize_int8(a)
     qb, _ = m.quantize_int8(b)
+    for pack in (m.pack_int8, m.pack_int8_w8a16):
+        assert torch.equal(pack(torch.cat([qa, qb])), torch.cat([pack(qa), pack(qb)]))
+    qc, _ = m.quantize_int8(_data(48, 576, 1, seed=3)[0])  # 16-channel blocks suffice
     assert torch.equal(
-        m.pack_int8(torch.cat([qa, qb])), torch.cat([m.pack_int8(qa), m.pack_int8(qb)])
+        m.pack_int8_w8a16(torch.cat([qa, qc])),
+        torch.cat([m.pack_int8_w8a16(qa), m.pack_int8_w8a16(qc)]),
     )
     ra, rb = m.quantize_int4(a, 64, True), m.quantize_int4(b, 64, True)
     fused = m.pack_int4(

@@ -98,6 +98,11 @@ def quantize_checkpoint(
             f"(or VLLM_X86_QUANT_KERNEL=torch is set); serve the bf16 model with "
             f"--quantization {name} instead"
         )
+    if bits == 8:
+        try:
+            m.check_plugin_amx()  # the INT8 layout is the plugin kernel's
+        except RuntimeError as e:
+            raise ConvertError(str(e)) from None
 
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
@@ -124,7 +129,7 @@ def quantize_checkpoint(
                     continue
                 n, k = t.shape
                 problem = (
-                    m.int8_shape_problem(n, k)
+                    m.int8_shape_problem(n, k, "w8a16")
                     if bits == 8
                     else m.int4_shape_problem(n, k, group_size)
                 )
@@ -135,7 +140,7 @@ def quantize_checkpoint(
                     continue
                 if bits == 8:
                     q, scale = m.quantize_int8(t)
-                    tensors[key] = m.pack_int8(q)
+                    tensors[key] = m.pack_int8_w8a16(q)
                     tensors[module + ".weight_scale"] = scale
                 else:
                     g = m.effective_group_size(k, group_size)

@@ -5,8 +5,7 @@ Decoding a token reads the LM head whole: for models with large vocabularies it 
 large share of the bytes (Qwen3-0.6B: 156 M of its 596 M weights read per token), so
 with only the decoder layers quantized, INT8 can gain at most 1.6x over bf16 on that
 model. The LM head is quantized like the INT8 Linear layers (symmetric, a float32 scale
-per vocabulary entry, AMX-INT8 kernel with per-token int8 activations) after the
-weights are loaded. The input embedding keeps its bf16 table: a lookup reads one row per
+per vocabulary entry, the same kernel) after the weights are loaded. The input embedding keeps its bf16 table: a lookup reads one row per
 token, and with tied embeddings the two share that table, so the INT8 copy is extra
 memory (1 byte per weight), not a replacement.
 """
@@ -26,8 +25,9 @@ class Int8LMHeadMethod(UnquantizedEmbeddingMethod):
         layer.x86_done = True
         w = layer.weight.data
         n, k = w.shape
-        problem = m.int8_shape_problem(n, k)
-        layer.x86_lm_head = problem is None and m.amx_available()
+        kernel = m.int8_kernel()
+        problem = m.int8_shape_problem(n, k, kernel)
+        layer.x86_lm_head = problem is None and kernel != "torch"
         if not layer.x86_lm_head:
             m._warn_once(
                 "lmhead",
@@ -37,7 +37,8 @@ class Int8LMHeadMethod(UnquantizedEmbeddingMethod):
             super().process_weights_after_loading(layer)
             return
         q, scale = m.quantize_int8(w)
-        layer.x86_lm_weight = m.pack_int8(q)
+        layer.x86_lm_kernel = kernel
+        layer.x86_lm_weight = m.pack_int8_for(kernel, q)
         layer.x86_lm_scale = scale
         m.logger.info("vllm-x86: LM head (%d x %d) in INT8", n, k)
 
@@ -45,12 +46,11 @@ class Int8LMHeadMethod(UnquantizedEmbeddingMethod):
         if not getattr(layer, "x86_lm_head", False):
             return super().apply(layer, x, bias)
         x2 = x.reshape(-1, x.shape[-1])
-        out = torch.ops._C.int8_scaled_mm_with_quant(
+        out = m.int8_matmul(
+            layer.x86_lm_kernel,
             x2,
             layer.x86_lm_weight,
             layer.x86_lm_scale,
             None if bias is None else bias.float(),
-            x.dtype,
-            True,
         )
         return out.reshape(*x.shape[:-1], out.shape[-1])

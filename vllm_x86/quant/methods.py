@@ -7,8 +7,11 @@ option on this machine at 1 to 64 rows (docs/quantization.md), so the plugin reu
 them rather than adding its own:
 
 - INT8: symmetric, one float32 scale per output channel; kernel
-  `torch.ops._C.int8_scaled_mm_with_quant` (AMX-INT8). The kernel quantizes the
-  activations to int8 per token on the fly (dynamic, symmetric) and accumulates int32.
+  `torch.ops.vllm_x86.int8_w8a16_gemm`, the plugin's own (csrc/amx_gemm.cpp, AMX-INT8):
+  the activations are rounded to 16-bit integers per token (amax / 32767), so the
+  output is as accurate as with bf16 activations (docs/quantization.md). With
+  `VLLM_X86_QUANT_KERNEL=w8a8`, vLLM CPU's `torch.ops._C.int8_scaled_mm_with_quant`
+  instead, which quantizes the activations to 8 bits (faster for batches, less accurate).
 - INT4: groups of `group_size` input channels (128 by default; 32 and 64 allowed), a
   bf16 scale per group and output channel, symmetric (zero point 8) or asymmetric (a
   zero point per group); kernel `torch.ops._C.int4_scaled_mm_cpu` (AMX, activations
@@ -30,9 +33,10 @@ from vllm_x86.log import get_logger
 
 logger = get_logger("quant")
 
-# Packed layouts, recorded in prepacked checkpoints (format.py). Both are produced by
-# vLLM 0.32.0's converters; another vLLM may pack differently, hence the vLLM pin.
-INT8_LAYOUT = "vllm-cpu-0.32-sgl-int8-amx"
+# Packed layouts, recorded in prepacked checkpoints (format.py). INT8: the plugin's own
+# (pack_int8_w8a16); INT4: produced by vLLM 0.32.0's converter (another vLLM may pack
+# differently, hence the vLLM pin).
+INT8_LAYOUT = "vllm-x86-int8-w8a16-amx-1"
 INT4_LAYOUT = "vllm-cpu-0.32-sgl-int4-awq-amx"
 
 _warned: set[str] = set()
@@ -52,6 +56,38 @@ def amx_available() -> bool:
     if envs.get("VLLM_X86_QUANT_KERNEL") == "torch":
         return False
     return bool(torch.cpu._is_amx_tile_supported())
+
+
+def int8_kernel() -> str:
+    """The INT8 kernel: "w8a16" (the plugin's, default), "w8a8" (vLLM CPU's, on
+    request) or "torch" (no AMX, or on request)."""
+    from vllm_x86 import envs
+
+    if not amx_available():
+        return "torch"
+    if envs.get("VLLM_X86_QUANT_KERNEL") == "w8a8":
+        return "w8a8"
+    check_plugin_amx()
+    return "w8a16"
+
+
+def check_plugin_amx() -> None:
+    """Raise with what to do when the plugin's AMX kernel cannot run."""
+    from vllm_x86.ops import kernels
+
+    if not kernels.available():
+        raise RuntimeError(
+            "x86_int8 runs the plugin's AMX kernel and the plugin's kernels did not load "
+            f"({kernels.load_error()}); run `make install`, or set "
+            "VLLM_X86_QUANT_KERNEL=w8a8 for vLLM's own INT8 kernel"
+        )
+    import vllm_x86._C as C
+
+    if not C.amx_available():
+        raise RuntimeError(
+            "the CPU has AMX but Linux refused this process the AMX tile state; set "
+            "VLLM_X86_QUANT_KERNEL=torch"
+        )
 
 
 def _ops():
@@ -136,8 +172,41 @@ def _awq_pack(v: torch.Tensor) -> torch.Tensor:
 
 
 def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] int8 -> vLLM CPU's blocked layout for int8_scaled_mm_with_quant (w8a8)."""
     _ops()
     return torch.ops._C.convert_weight_packed(q)
+
+
+def pack_int8_w8a16(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] int8 -> [N/16, 16 K] int8 for int8_w8a16_gemm: blocks of 16 output x 64
+    input channels ordered [N/16][K/64], each block [16 quads][16 channels][4 inputs]
+    (csrc/amx_gemm.cpp). Blocks of 16 whole channels, so packing a concatenation along
+    N is concatenating the packs."""
+    n, k = q.shape
+    return (
+        q.view(n // 16, 16, k // 64, 16, 4)
+        .permute(0, 2, 3, 1, 4)
+        .contiguous()
+        .view(n // 16, 16 * k)
+    )
+
+
+def int8_matmul(kernel: str, x, weight, scale, bias):
+    """x [M, K] bf16 @ the packed weight -> [M, N] bf16; bias float32 or None."""
+    if kernel == "w8a16":
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        return torch.ops.vllm_x86.int8_w8a16_gemm(x, weight, scale, bias)
+    if kernel == "w8a8":
+        return torch.ops._C.int8_scaled_mm_with_quant(x, weight, scale, bias, x.dtype, True)
+    out = torch.ops.aten._weight_int8pack_mm(x, weight, scale.to(x.dtype))
+    return out if bias is None else out + bias.to(out.dtype)
+
+
+def pack_int8_for(kernel: str, q: torch.Tensor) -> torch.Tensor:
+    if kernel == "w8a16":
+        return pack_int8_w8a16(q)
+    return pack_int8(q) if kernel == "w8a8" else q
 
 
 def pack_int4(q, scale, zero):
@@ -148,10 +217,13 @@ def pack_int4(q, scale, zero):
     )
 
 
-def int8_shape_problem(n: int, k: int) -> str | None:
-    # the packer works on blocks of 32 output channels (16 alone is refused)
-    if k % 32 or n % 32:
-        return f"the AMX INT8 kernel needs N and K multiples of 32 (N={n}, K={k})"
+def int8_shape_problem(n: int, k: int, kernel: str = "w8a16") -> str | None:
+    if kernel == "w8a8":
+        # vLLM's packer works on blocks of 32 output channels (16 alone is refused)
+        if k % 32 or n % 32:
+            return f"vLLM's AMX INT8 kernel needs N and K multiples of 32 (N={n}, K={k})"
+    elif k % 64 or n % 16:
+        return f"the AMX INT8 kernel needs N a multiple of 16 and K of 64 (N={n}, K={k})"
     return None
 
 
@@ -181,11 +253,12 @@ def _packed_param(layer: Module, name: str, shape, dtype, weight_loader, rows_pe
     """A parameter for a prepacked tensor, loaded by the layer's own weight loader.
 
     Prepacked checkpoints keep the checkpoint's unfused names (q_proj, k_proj, ...),
-    each tensor packed on its own. Packing works on blocks of 32 output channels and
-    packing a concatenation equals concatenating the packed parts (tested), so vLLM's
-    loaders for fused layers place each part at its output offset: `output_dim` 0, and
-    for the INT4 tensors, whose first dimension counts blocks of 32 channels,
-    `packed_dim` 0 with `packed_factor` 32 (the offsets are divided by it)."""
+    each tensor packed on its own. Packing works on blocks of whole output channels (16
+    for INT8, 32 for INT4) and packing a concatenation equals concatenating the packed
+    parts (tested), so vLLM's loaders for fused layers place each part at its output
+    offset: `output_dim` 0, and for tensors whose first dimension counts blocks of
+    channels, `packed_dim` 0 with `packed_factor` the block size (the offsets are
+    divided by it)."""
     from vllm.model_executor.utils import set_weight_attrs
 
     p = Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
@@ -299,6 +372,8 @@ class _X86QuantLinearMethod:
                     "serve the bf16 checkpoint with --quantization "
                     f"{self.config.get_name()} instead"
                 )
+            if self.bits == 8:
+                check_plugin_amx()  # prepacked INT8 is in the plugin kernel's layout
             return
         self.quantize_and_pack(layer, layer.weight.data)
 
@@ -316,24 +391,22 @@ class X86Int8Linear(_X86QuantLinearMethod):
     bits = 8
 
     def shape_problem(self, n, k):
-        return int8_shape_problem(n, k)
+        # a prepacked checkpoint is always in the plugin's layout
+        return int8_shape_problem(n, k, "w8a16" if self.config.prepacked else int8_kernel())
 
     def create_prepacked(self, layer, n, k, loader):
-        _packed_param(layer, "weight", (n, k + 4), torch.int8, loader)
+        _packed_param(layer, "weight", (n // 16, 16 * k), torch.int8, loader, 16)
         _packed_param(layer, "weight_scale", (n,), torch.float32, loader)
 
     def quantize_and_pack(self, layer, w):
         q, scale = quantize_int8(w)
-        _set(layer, "weight", pack_int8(q) if layer.x86_amx else q)
+        layer.x86_kernel = int8_kernel()
+        _set(layer, "weight", pack_int8_for(layer.x86_kernel, q))
         _set(layer, "weight_scale", scale)
 
     def matmul(self, layer, x, bias):
-        if layer.x86_amx:
-            return torch.ops._C.int8_scaled_mm_with_quant(
-                x, layer.weight, layer.weight_scale, bias, x.dtype, True
-            )
-        out = torch.ops.aten._weight_int8pack_mm(x, layer.weight, layer.weight_scale.to(x.dtype))
-        return out if bias is None else out + bias.to(out.dtype)
+        kernel = getattr(layer, "x86_kernel", "w8a16")  # prepacked: the plugin's kernel
+        return int8_matmul(kernel, x, layer.weight, layer.weight_scale, bias)
 
 
 class X86Int4Linear(_X86QuantLinearMethod):
