@@ -1,19 +1,27 @@
-// INT8-weight GEMM on AMX-INT8 with 16-bit activations (W8A16):
-//   out = x @ (q * wscale)^T (+ bias), x bf16 [M, K], q int8 [N, K].
+// INT8- and INT4-weight GEMMs on AMX-INT8 with 16-bit activations (W8A16, W4A16):
+//   out = x @ W^T (+ bias), x bf16 [M, K], W the dequantized weight [N, K].
 //
-// Weights stay int8 in memory (half the bytes of bf16) and go into the tile multiply as
-// they are, with no widening. Each activation row is rounded to a 16-bit integer with
-// its own scale (amax / 32767: 256 times finer than the 8-bit activations of W8A8, and
-// finer than bf16's 8-bit significand for every value above amax / 128) and split into
-// a signed high byte and an unsigned low byte, a = 256 * hi + lo. Two AMX-INT8 tile
-// products per block (tdpbssd for hi, tdpbusd for lo) accumulate exact int32 sums;
-// the epilogue forms (256 * sum_hi + sum_lo) * xscale[m] * wscale[n] + bias[n] in float32.
+// Weights stay int8 (or int4) in memory and go into the tile multiply as bytes, with no
+// widening to bf16. Each activation row is rounded to 16-bit integers with its own scale
+// (amax / 32639: 256 times finer than the 8-bit activations of W8A8, and finer than
+// bf16's 8-bit significand for every value above amax / 128) and split into two signed
+// bytes, a = 256 * hi + lo with lo in [-128, 127]. The two bytes of a token are two rows
+// of the A tile (row 2t: hi, row 2t + 1: lo), so one tdpbssd gives both partial sums
+// of 8 tokens; the epilogue forms (256 * sum_hi + sum_lo) * xscale * scale + bias in
+// float32. The int32 sums are exact.
 //
-// Packed weight layout ("vllm-x86-int8-w8a16-amx-1"), built by pack_int8_w8a16 in
-// vllm_x86/quant/methods.py: blocks of 16 output channels x 64 input channels, 1 KiB
-// each, ordered [N/16][K/64]; inside a block, row r (0..15) holds for output channel n
-// (0..15) the four inputs k = 4r..4r+3: [r][n][4]. That is AMX's VNNI order for the B
-// tile, so a block is loaded as it is stored.
+// INT8 layout ("vllm-x86-int8-w8a16-amx-1", pack_int8_w8a16 in vllm_x86/quant/methods.py):
+// blocks of 16 output channels x 64 input channels, 1 KiB each, ordered [N/16][K/64];
+// inside a block, row r (0..15) holds for output channel n (0..15) the four inputs
+// k = 4r..4r+3: [r][n][4]. That is AMX's VNNI order for the B tile, so a block is loaded
+// as it is stored. One float32 scale per channel.
+//
+// INT4 layout ("vllm-x86-int4-w4a16-amx-1", pack_int4_w4a16): the same blocks in 512
+// bytes, byte b of 64-byte vector v (0..7) holding B-tile row v in its low nibble and
+// row v + 8 in its high one. Codes minus the channel's zero point (-15..15) go into the
+// tile product as int8; each group of 64 or 128 inputs accumulates in int32 on its own
+// and is added to float32 accumulators times its scale. Scales (float32) and zero-point
+// codes (uint8) are [N/16][K/group][16].
 //
 // GCC before 13.2 miscompiles its AMX intrinsics (the tile-config load covers only 8
 // of its 64 bytes, tile loads have no memory clobber), so every AMX instruction here is
@@ -46,7 +54,7 @@ struct alignas(64) TileConfig {
 static_assert(sizeof(TileConfig) == 64, "tile config is 64 bytes");
 
 // Every tile used is 16 rows x 64 bytes: C tiles 16x16 int32 (tmm0-3), A tiles 16 rows
-// x 64 bytes of activations (tmm4, tmm6), B tiles 16 quads x 16 channels (tmm5, tmm7).
+// (8 tokens x hi/lo) x 64 inputs (tmm4, tmm6), B tiles 16 quads x 16 channels (tmm5, tmm7).
 const TileConfig kConfig = [] {
   TileConfig c;
   std::memset(&c, 0, sizeof c);
@@ -58,9 +66,10 @@ const TileConfig kConfig = [] {
   return c;
 }();
 
-inline void tile_config() {
-  asm volatile("ldtilecfg %0" ::"m"(kConfig) : "memory");
-}
+constexpr int64_t kPrefetch = 16;  // weight blocks fetched ahead of the one multiplied
+constexpr float kAmax = 32639.f;   // largest |a| whose hi byte (a + 128) >> 8 fits int8
+
+inline void tile_config() { asm volatile("ldtilecfg %0" ::"m"(kConfig) : "memory"); }
 inline void tile_release() { asm volatile("tilerelease" ::: "memory"); }
 
 #define VX_TZERO(t) asm volatile("tilezero %%tmm" #t ::: "memory")
@@ -68,13 +77,10 @@ inline void tile_release() { asm volatile("tilerelease" ::: "memory"); }
   asm volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(p), "r"((int64_t)(s)) : "memory")
 #define VX_TSTORE(t, p, s) \
   asm volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(p), "r"((int64_t)(s)) : "memory")
-// c += a (signed bytes) . b (signed bytes);  c += a (unsigned bytes) . b (signed bytes)
-#define VX_SS(c, a, b) asm volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::: "memory")
-#define VX_US(c, a, b) asm volatile("tdpbusd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::: "memory")
+// c += a . b, signed bytes
+#define VX_TDP(c, a, b) asm volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::: "memory")
 
-// Tiles: C (int32 16x16) tmm0-3 as pairs (hi, lo) for up to two output tiles; A: the
-// high bytes of 16 activation rows in tmm4, the low bytes in tmm6; B: weight blocks in
-// tmm5 and tmm7. Tile numbers must be immediates, hence the small switches.
+// Tile numbers must be immediates, hence the small switches.
 inline void tzero4() {
   VX_TZERO(0);
   VX_TZERO(1);
@@ -89,17 +95,165 @@ inline void tstore(int c, void* p) {
     default: VX_TSTORE(3, p, 64); break;
   }
 }
+// A tile i -> tmm4 (even) / tmm6 (odd); B tile j -> tmm5 (even) / tmm7 (odd)
+inline void tload_a(int i, const void* p, int64_t s) {
+  if (i & 1) VX_TLOAD(6, p, s); else VX_TLOAD(4, p, s);
+}
 inline void tload_b(int j, const void* p) {
   if (j & 1) VX_TLOAD(7, p, 64); else VX_TLOAD(5, p, 64);
 }
-// output tile t (0 or 1) with B tile j: hi into C 2t, lo into C 2t+1
-inline void tdp_pair(int t, int j) {
-  switch (t * 2 + (j & 1)) {
-    case 0: VX_SS(0, 4, 5); VX_US(1, 6, 5); break;
-    case 1: VX_SS(0, 4, 7); VX_US(1, 6, 7); break;
-    case 2: VX_SS(2, 4, 5); VX_US(3, 6, 5); break;
-    default: VX_SS(2, 4, 7); VX_US(3, 6, 7); break;
+inline void tdp(int c, int i, int j) {
+  switch (c * 4 + (i & 1) * 2 + (j & 1)) {
+    case 0: VX_TDP(0, 4, 5); break;
+    case 1: VX_TDP(0, 4, 7); break;
+    case 2: VX_TDP(0, 6, 5); break;
+    case 3: VX_TDP(0, 6, 7); break;
+    case 4: VX_TDP(1, 4, 5); break;
+    case 5: VX_TDP(1, 4, 7); break;
+    case 6: VX_TDP(1, 6, 5); break;
+    case 7: VX_TDP(1, 6, 7); break;
+    case 8: VX_TDP(2, 4, 5); break;
+    case 9: VX_TDP(2, 4, 7); break;
+    case 10: VX_TDP(2, 6, 5); break;
+    case 11: VX_TDP(2, 6, 7); break;
+    case 12: VX_TDP(3, 4, 5); break;
+    case 13: VX_TDP(3, 4, 7); break;
+    case 14: VX_TDP(3, 6, 5); break;
+    default: VX_TDP(3, 6, 7); break;
   }
+}
+
+inline void prefetch(const void* p, int bytes) {
+  for (int l = 0; l < bytes; l += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p) + l, _MM_HINT_T0);
+}
+
+// INT4 codes of one block minus their channels' zero points -> the block's int8 B tile
+inline void expand_int4_block(const uint8_t* src, __m512i zeros, int8_t* dst) {
+  const __m512i mask = _mm512_set1_epi8(0x0f);
+  for (int v = 0; v < 8; ++v) {
+    __m512i b = _mm512_loadu_si512(src + 64 * v);
+    __m512i lo = _mm512_sub_epi8(_mm512_and_si512(b, mask), zeros);
+    __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(b, 4), mask), zeros);
+    _mm512_store_si512(dst + 64 * v, lo);
+    _mm512_store_si512(dst + 64 * (v + 8), hi);
+  }
+}
+
+// 16 zero-point codes, one per channel -> each repeated in the 4 bytes of its lane
+inline __m512i lane_zeros(const uint8_t* z) {
+  __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(z)));
+  return _mm512_mullo_epi32(d, _mm512_set1_epi32(0x01010101));
+}
+
+// float32 -> bf16, round to nearest even (NaN kept quiet), 16 values
+inline void store_bf16_row(uint16_t* dst, __m512 v) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i rnd = _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  __m512i r16 = _mm512_srli_epi32(_mm512_add_epi32(u, rnd), 16);
+  r16 = _mm512_mask_or_epi32(r16, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(r16));
+}
+
+// The shared loop. A step covers up to 4 output tiles: 1 A tile x 4 weight blocks when
+// one A tile holds every token (decode, up to 8 tokens), else 2 x 2. Sums of each group
+// of `group` inputs (all of K for INT8) are scaled into float32 accumulators.
+// INT4 with more than one step of rows (prefill) expands each weight block once into
+// `scratch` (4 * k * 16 bytes) instead of once per step.
+template <bool kInt4>
+void gemm(const int8_t* a, const float* xscale, int64_t a_rows, int64_t m, int64_t k,
+          int64_t group, const void* w, const float* wscale, const uint8_t* wzero,
+          const float* bias, uint16_t* out, int64_t ldo, int64_t nb_begin, int64_t nb_end,
+          int8_t* scratch) {
+  const int64_t mt_all = a_rows / 16;
+  const int nt = mt_all == 1 ? 4 : 2;
+  const int mt_step = 4 / nt;
+  const int64_t kb_n = k / 64, g_n = k / group, kb_per_g = group / 64;
+  constexpr int64_t kBlock = kInt4 ? 512 : 1024;  // bytes of weights per block
+  const auto* wb = static_cast<const uint8_t*>(w);
+  alignas(64) int32_t cbuf[16 * 16];
+  alignas(64) int8_t bbuf[4][1024];
+  alignas(64) float facc[4][8 * 16];  // per output tile: 8 tokens x 16 channels
+  const __m512 k256 = _mm512_set1_ps(256.f);
+  tile_config();
+  for (int64_t nb0 = nb_begin; nb0 < nb_end; nb0 += nt) {
+    const int nj = static_cast<int>(nb_end - nb0 < nt ? nb_end - nb0 : nt);
+    const bool expanded = kInt4 && scratch != nullptr && mt_all > mt_step;
+    if (expanded)
+      for (int j = 0; j < nj; ++j)
+        for (int64_t kb = 0; kb < kb_n; ++kb)
+          expand_int4_block(wb + ((nb0 + j) * kb_n + kb) * kBlock,
+                            lane_zeros(wzero + ((nb0 + j) * g_n + kb / kb_per_g) * 16),
+                            scratch + (j * kb_n + kb) * 1024);
+    for (int64_t mt0 = 0; mt0 < mt_all; mt0 += mt_step) {
+      const int mi_n = static_cast<int>(mt_all - mt0 < mt_step ? mt_all - mt0 : mt_step);
+      std::memset(facc, 0, sizeof facc);
+      for (int64_t g = 0; g < g_n; ++g) {
+        __m512i zv[4];
+        if (kInt4 && !expanded)
+          for (int j = 0; j < nj; ++j) zv[j] = lane_zeros(wzero + ((nb0 + j) * g_n + g) * 16);
+        tzero4();
+        for (int64_t kb = g * kb_per_g; kb < (g + 1) * kb_per_g; ++kb) {
+          const uint8_t* blk[4];
+          for (int j = 0; j < nj; ++j) {
+            if (expanded) {
+              blk[j] = reinterpret_cast<const uint8_t*>(scratch + (j * kb_n + kb) * 1024);
+              continue;
+            }
+            blk[j] = wb + ((nb0 + j) * kb_n + kb) * kBlock;
+            // the weights stream from memory once: fetch a few blocks ahead
+            if (mt0 == 0 && kb + kPrefetch < kb_n) prefetch(blk[j] + kPrefetch * kBlock, kBlock);
+            if (kInt4) {
+              expand_int4_block(blk[j], zv[j], bbuf[j]);
+              blk[j] = reinterpret_cast<const uint8_t*>(bbuf[j]);
+            }
+          }
+          for (int i = 0; i < mi_n; ++i) {
+            tload_a(i, a + (mt0 + i) * 16 * k + kb * 64, k);
+            for (int j = 0; j < nj; ++j) {
+              if (i == 0) tload_b(j, blk[j]);  // 2x2: B tiles stay loaded for i = 1
+              tdp(i * nj + j, i, j);
+            }
+          }
+        }
+        // this group's sums (rows 2t: hi, 2t + 1: lo) times its scales
+        for (int i = 0; i < mi_n; ++i) {
+          const int64_t tok0 = (mt0 + i) * 8;
+          if (tok0 >= m) break;
+          const int toks = static_cast<int>(m - tok0 < 8 ? m - tok0 : 8);
+          for (int j = 0; j < nj; ++j) {
+            tstore(i * nj + j, cbuf);
+            const float* sp = kInt4 ? wscale + ((nb0 + j) * g_n + g) * 16 : wscale + (nb0 + j) * 16;
+            const __m512 s = _mm512_loadu_ps(sp);
+            float* f = facc[i * nj + j];
+            for (int t = 0; t < toks; ++t) {
+              __m512 h = _mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 32 * t));
+              __m512 l = _mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 32 * t + 16));
+              __m512 v = _mm512_mul_ps(_mm512_add_ps(_mm512_mul_ps(h, k256), l), s);
+              _mm512_store_ps(f + 16 * t, _mm512_add_ps(_mm512_load_ps(f + 16 * t), v));
+            }
+          }
+        }
+      }
+      for (int i = 0; i < mi_n; ++i) {
+        const int64_t tok0 = (mt0 + i) * 8;
+        if (tok0 >= m) break;
+        const int toks = static_cast<int>(m - tok0 < 8 ? m - tok0 : 8);
+        for (int j = 0; j < nj; ++j) {
+          const int64_t n0 = (nb0 + j) * 16;
+          const __m512 b = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
+          const float* f = facc[i * nj + j];
+          for (int t = 0; t < toks; ++t) {
+            __m512 v = _mm512_mul_ps(_mm512_load_ps(f + 16 * t), _mm512_set1_ps(xscale[tok0 + t]));
+            store_bf16_row(out + (tok0 + t) * ldo + n0, _mm512_add_ps(v, b));
+          }
+        }
+      }
+    }
+  }
+  tile_release();
 }
 
 }  // namespace
@@ -116,7 +270,7 @@ bool init() {
 }
 
 void split_rows(const uint16_t* x, int64_t ldx, int64_t k, int64_t r_begin, int64_t r_end,
-                int8_t* hi, uint8_t* lo, float* xscale) {
+                int8_t* a, float* xscale) {
   for (int64_t r = r_begin; r < r_end; ++r) {
     const uint16_t* xr = x + r * ldx;
     __m512 amax = _mm512_setzero_ps();
@@ -128,94 +282,39 @@ void split_rows(const uint16_t* x, int64_t ldx, int64_t k, int64_t r_begin, int6
       nan |= _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
     }
     const float m = nan ? NAN : _mm512_reduce_max_ps(amax);  // max_ps drops NaNs
-    const float s = m > 0.f && m < INFINITY ? m / 32767.f : 1.f;
+    const float s = m > 0.f && m < INFINITY ? m / kAmax : 1.f;
     // a row holding NaN or infinity gives NaN, as a float matmul would
     xscale[r] = m < INFINITY ? s : NAN;
     const __m512 inv = _mm512_set1_ps(1.f / s);
-    const __m512 lim = _mm512_set1_ps(32767.f);
+    const __m512 lim = _mm512_set1_ps(kAmax);
+    int8_t* hi = a + 2 * r * k;
+    int8_t* lo = hi + k;
     for (int64_t c = 0; c < k; c += 16) {
       __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + c));
       __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
       f = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(f, inv), -lim), lim);
-      __m512i a = _mm512_cvtps_epi32(f);  // round to nearest even
-      __m512i h = _mm512_srai_epi32(a, 8);
-      __m512i l = _mm512_and_si512(a, _mm512_set1_epi32(255));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + r * k + c), _mm512_cvtepi32_epi8(h));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + r * k + c), _mm512_cvtepi32_epi8(l));
+      __m512i q = _mm512_cvtps_epi32(f);  // round to nearest even
+      __m512i h = _mm512_srai_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(128)), 8);
+      __m512i l = _mm512_sub_epi32(q, _mm512_slli_epi32(h, 8));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + c), _mm512_cvtepi32_epi8(h));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + c), _mm512_cvtepi32_epi8(l));
     }
   }
 }
 
-void int8_w8a16_gemm(const int8_t* hi, const uint8_t* lo, const float* xscale, int64_t m_pad,
-                     int64_t m, int64_t k, const int8_t* w, const float* wscale,
-                     const float* bias, uint16_t* out, int64_t ldo, int64_t nb_begin,
-                     int64_t nb_end) {
-  // One 16-row tile of activations (decode) runs two output tiles side by side (1x2);
-  // more rows run two row tiles against one weight block (2x1).
-  const int64_t mt_all = m_pad / 16;
-  const int nt = mt_all == 1 ? 2 : 1;
-  const int mt_step = 2 / nt;
-  const int64_t kb_n = k / 64;
-  constexpr int64_t kPrefetch = 16;
-  alignas(64) int32_t chi[16 * 16], clo[16 * 16];
-  tile_config();
-  for (int64_t nb0 = nb_begin; nb0 < nb_end; nb0 += nt) {
-    const int nj = static_cast<int>(nb_end - nb0 < nt ? nb_end - nb0 : nt);
-    for (int64_t mt0 = 0; mt0 < mt_all; mt0 += mt_step) {
-      const int mi_n = static_cast<int>(mt_all - mt0 < mt_step ? mt_all - mt0 : mt_step);
-      tzero4();
-      for (int64_t kb = 0; kb < kb_n; ++kb) {
-        for (int i = 0; i < mi_n; ++i) {
-          const int64_t off = (mt0 + i) * 16 * k + kb * 64;
-          VX_TLOAD(4, hi + off, k);
-          VX_TLOAD(6, lo + off, k);
-          for (int j = 0; j < nj; ++j) {
-            if (i == 0) {
-              const int8_t* blk = w + ((nb0 + j) * kb_n + kb) * 1024;
-              // the weights stream from memory once: fetch a few blocks ahead
-              if (kb + kPrefetch < kb_n)
-                for (int l = 0; l < 1024; l += 64)
-                  _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetch * 1024 + l),
-                               _MM_HINT_T0);
-              tload_b(j, blk);
-            }
-            tdp_pair(i + j, j);  // output tile: i (2x1) or j (1x2)
-          }
-        }
-      }
-      for (int t = 0; t < mi_n * nj; ++t) {
-        const int i = nt == 1 ? t : 0, j = nt == 1 ? 0 : t;
-        const int64_t row0 = (mt0 + i) * 16;
-        if (row0 >= m) continue;
-        const int rows = static_cast<int>(m - row0 < 16 ? m - row0 : 16);
-        tstore(2 * t, chi);
-        tstore(2 * t + 1, clo);
-        const int64_t n0 = (nb0 + j) * 16;
-        const __m512 ws = _mm512_loadu_ps(wscale + n0);
-        const __m512 b = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
-        const __m512 k256 = _mm512_set1_ps(256.f);
-        for (int r = 0; r < rows; ++r) {
-          __m512 h = _mm512_cvtepi32_ps(_mm512_load_si512(chi + 16 * r));
-          __m512 l = _mm512_cvtepi32_ps(_mm512_load_si512(clo + 16 * r));
-          __m512 acc = _mm512_add_ps(_mm512_mul_ps(h, k256), l);
-          __m512 v = _mm512_mul_ps(_mm512_mul_ps(acc, _mm512_set1_ps(xscale[row0 + r])), ws);
-          v = _mm512_add_ps(v, b);
-          // float32 -> bf16, round to nearest even (NaN kept quiet)
-          __m512i u = _mm512_castps_si512(v);
-          __m512i rnd = _mm512_add_epi32(
-              _mm512_set1_epi32(0x7fff),
-              _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
-          __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-          __m512i r16 = _mm512_srli_epi32(_mm512_add_epi32(u, rnd), 16);
-          r16 = _mm512_mask_or_epi32(r16, nan, _mm512_srli_epi32(u, 16),
-                                     _mm512_set1_epi32(0x40));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (row0 + r) * ldo + n0),
-                              _mm512_cvtepi32_epi16(r16));
-        }
-      }
-    }
-  }
-  tile_release();
+void int8_w8a16_gemm(const int8_t* a, const float* xscale, int64_t a_rows, int64_t m,
+                     int64_t k, const int8_t* w, const float* wscale, const float* bias,
+                     uint16_t* out, int64_t ldo, int64_t nb_begin, int64_t nb_end) {
+  gemm<false>(a, xscale, a_rows, m, k, k, w, wscale, nullptr, bias, out, ldo, nb_begin, nb_end,
+              nullptr);
+}
+
+void int4_w4a16_gemm(const int8_t* a, const float* xscale, int64_t a_rows, int64_t m,
+                     int64_t k, int64_t group, const uint8_t* w, const float* wscale,
+                     const uint8_t* wzero, const float* bias, uint16_t* out, int64_t ldo,
+                     int64_t nb_begin, int64_t nb_end, int8_t* scratch) {
+  gemm<true>(a, xscale, a_rows, m, k, group, w, wscale, wzero, bias, out, ldo, nb_begin,
+             nb_end, scratch);
 }
 
 }  // namespace amx

@@ -30,6 +30,10 @@ TORCH_LIBRARY(vllm_x86, m) {
   m.impl("split_norm_rope_neox", torch::kCPU, &vllm_x86::split_norm_rope_neox);
   m.def("int8_w8a16_gemm(Tensor x, Tensor w, Tensor scale, Tensor? bias) -> Tensor");
   m.impl("int8_w8a16_gemm", torch::kCPU, &vllm_x86::int8_w8a16_gemm);
+  m.def(
+      "int4_w4a16_gemm(Tensor x, Tensor w, Tensor scale, Tensor zeros, int group_size, "
+      "Tensor? bias) -> Tensor");
+  m.impl("int4_w4a16_gemm", torch::kCPU, &vllm_x86::int4_w4a16_gemm);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -315,57 +315,118 @@ void split_norm_rope_neox(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& v_ou
 
 bool amx_available() { return amx::init(); }
 
-at::Tensor int8_w8a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
-                           const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(amx::init(),
-              "vllm-x86 int8_w8a16_gemm needs AMX-INT8 (and Linux's permission to use it); "
-              "this CPU or process has none");
+namespace {
+
+// Activations of a W8A16/W4A16 GEMM: each bf16 row of x as 16-bit integers split in two
+// rows of bytes, padded with zero rows to a multiple of 16 (the A tiles read 16 rows).
+struct SplitRows {
+  at::Tensor a, scale;
+  int64_t rows;
+};
+
+SplitRows split_activations(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(amx::init(), "vllm-x86 ", op,
+              " needs AMX-INT8 (and Linux's permission to use it); this CPU or process has "
+              "none");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1,
-              "vllm-x86 int8_w8a16_gemm: x must be a 2-D bfloat16 tensor with contiguous rows");
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.is_contiguous(),
-              "vllm-x86 int8_w8a16_gemm: w must be the packed int8 weight [N/16, K*16]");
-  const int64_t m = x.size(0), k = x.size(1), nblocks = w.size(0), n = nblocks * 16;
-  TORCH_CHECK(k % 64 == 0 && w.size(1) == k * 16,
-              "vllm-x86 int8_w8a16_gemm: K must be a multiple of 64 and match the packed "
-              "weight (x has K=", k, ", w is ", w.sizes(), ")");
-  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == n && scale.scalar_type() == at::kFloat &&
-                  scale.is_contiguous(),
-              "vllm-x86 int8_w8a16_gemm: scale must be contiguous float32 [N]");
-  const float* bp = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == at::kFloat &&
-                    bias->is_contiguous(),
-                "vllm-x86 int8_w8a16_gemm: bias must be contiguous float32 [N]");
-    bp = bias->data_ptr<float>();
-  }
-  at::Tensor out = at::empty({m, n}, x.options());
-  if (m == 0) return out;
-  // activations as 16-bit integers split in bytes; the A tiles read 16 rows at a time,
-  // so a ragged tail is padded with zero rows
-  const int64_t m_pad = (m + 15) / 16 * 16;
-  at::Tensor hi = at::empty({m_pad, k}, x.options().dtype(at::kChar));
-  at::Tensor lo = at::empty({m_pad, k}, x.options().dtype(at::kByte));
-  at::Tensor xs = at::empty({m_pad}, x.options().dtype(at::kFloat));
-  if (m_pad != m) {
-    hi.narrow(0, m, m_pad - m).zero_();
-    lo.narrow(0, m, m_pad - m).zero_();
-  }
-  auto* hp = hi.data_ptr<int8_t>();
-  auto* lp = lo.data_ptr<uint8_t>();
-  auto* xsp = xs.data_ptr<float>();
+              "vllm-x86 ", op, ": x must be a 2-D bfloat16 tensor with contiguous rows");
+  const int64_t m = x.size(0), k = x.size(1);
+  TORCH_CHECK(k % 64 == 0, "vllm-x86 ", op, ": K must be a multiple of 64, got ", k);
+  SplitRows r;
+  r.rows = (2 * m + 15) / 16 * 16;
+  r.a = at::empty({r.rows, k}, x.options().dtype(at::kChar));
+  r.scale = at::empty({r.rows / 2}, x.options().dtype(at::kFloat));
+  if (r.rows != 2 * m) r.a.narrow(0, 2 * m, r.rows - 2 * m).zero_();
+  auto* ap = r.a.data_ptr<int8_t>();
+  auto* sp = r.scale.data_ptr<float>();
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const int64_t ldx = x.stride(0);
   at::parallel_for(0, m, std::max<int64_t>(1, 32768 / k), [&](int64_t b, int64_t e) {
-    amx::split_rows(xp, ldx, k, b, e, hp, lp, xsp);
+    amx::split_rows(xp, ldx, k, b, e, ap, sp);
   });
+  return r;
+}
+
+const float* checked_bias(const std::optional<at::Tensor>& bias, int64_t n, const char* op) {
+  if (!bias.has_value()) return nullptr;
+  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == at::kFloat &&
+                  bias->is_contiguous(),
+              "vllm-x86 ", op, ": bias must be contiguous float32 [N]");
+  return bias->data_ptr<float>();
+}
+
+}  // namespace
+
+at::Tensor int8_w8a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
+                           const std::optional<at::Tensor>& bias) {
+  const char* op = "int8_w8a16_gemm";
+  SplitRows a = split_activations(x, op);
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.is_contiguous(),
+              "vllm-x86 int8_w8a16_gemm: w must be the packed int8 weight [N/16, K*16]");
+  const int64_t m = x.size(0), k = x.size(1), nblocks = w.size(0), n = nblocks * 16;
+  TORCH_CHECK(w.size(1) == k * 16, "vllm-x86 int8_w8a16_gemm: x has K=", k,
+              " and the packed weight is ", w.sizes());
+  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == n && scale.scalar_type() == at::kFloat &&
+                  scale.is_contiguous(),
+              "vllm-x86 int8_w8a16_gemm: scale must be contiguous float32 [N]");
+  const float* bp = checked_bias(bias, n, op);
+  at::Tensor out = at::empty({m, n}, x.options());
+  if (m == 0) return out;
+  const auto* ap = a.a.data_ptr<int8_t>();
+  const float* xsp = a.scale.data_ptr<float>();
   const auto* wp = w.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
-  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
-  // work in units of 2 channel blocks (what one decode step of the kernel takes)
-  const int64_t units = (nblocks + 1) / 2;
-  at::parallel_for(0, units, 1, [&](int64_t b, int64_t e) {
-    amx::int8_w8a16_gemm(hp, lp, xsp, m_pad, m, k, wp, sp, bp, op, n, b * 2,
-                         std::min(e * 2, nblocks));
+  auto* op_ = reinterpret_cast<uint16_t*>(out.data_ptr());
+  // work in units of 4 channel blocks (what one step of the kernel takes)
+  at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t b, int64_t e) {
+    amx::int8_w8a16_gemm(ap, xsp, a.rows, m, k, wp, sp, bp, op_, n, b * 4,
+                         std::min(e * 4, nblocks));
+  });
+  return out;
+}
+
+at::Tensor int4_w4a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
+                           const at::Tensor& zeros, int64_t group_size,
+                           const std::optional<at::Tensor>& bias) {
+  const char* op = "int4_w4a16_gemm";
+  SplitRows a = split_activations(x, op);
+  const int64_t m = x.size(0), k = x.size(1);
+  TORCH_CHECK(group_size == 64 || group_size == 128,
+              "vllm-x86 int4_w4a16_gemm: group size must be 64 or 128, got ", group_size);
+  TORCH_CHECK(k % group_size == 0, "vllm-x86 int4_w4a16_gemm: K=", k,
+              " is not a multiple of the group size ", group_size);
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() &&
+                  w.size(1) == k * 8,
+              "vllm-x86 int4_w4a16_gemm: w must be the packed uint8 weight [N/16, K*8] (x has "
+              "K=", k, ", w is ", w.sizes(), ")");
+  const int64_t nblocks = w.size(0), n = nblocks * 16, per = k / group_size * 16;
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
+                  scale.numel() == nblocks * per,
+              "vllm-x86 int4_w4a16_gemm: scale must be contiguous float32 [N/16, K/group*16]");
+  TORCH_CHECK(zeros.scalar_type() == at::kByte && zeros.is_contiguous() &&
+                  zeros.numel() == nblocks * per,
+              "vllm-x86 int4_w4a16_gemm: zeros must be contiguous uint8 [N/16, K/group*16]");
+  const float* bp = checked_bias(bias, n, op);
+  at::Tensor out = at::empty({m, n}, x.options());
+  if (m == 0) return out;
+  const auto* ap = a.a.data_ptr<int8_t>();
+  const float* xsp = a.scale.data_ptr<float>();
+  const auto* wp = w.data_ptr<uint8_t>();
+  const float* sp = scale.data_ptr<float>();
+  const auto* zp = zeros.data_ptr<uint8_t>();
+  auto* op_ = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const bool prefill = a.rows > 32;  // more than one step of rows: expand blocks once
+  at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t b, int64_t e) {
+    int8_t* scratch = nullptr;
+    if (prefill) {
+      thread_local std::vector<int8_t> buf;
+      const size_t need = static_cast<size_t>(4 * 16 * k + 64);
+      if (buf.size() < need) buf.resize(need);
+      auto addr = reinterpret_cast<uintptr_t>(buf.data());
+      scratch = reinterpret_cast<int8_t*>((addr + 63) & ~static_cast<uintptr_t>(63));
+    }
+    amx::int4_w4a16_gemm(ap, xsp, a.rows, m, k, group_size, wp, sp, zp, bp, op_, n, b * 4,
+                         std::min(e * 4, nblocks), scratch);
   });
   return out;
 }

@@ -33,6 +33,10 @@ bool amx_available();
 // INT8-weight linear on AMX with 16-bit activations (amx_gemm.cpp):
 // bf16 [M, K] x packed int8 -> bf16 [M, N].
 at::Tensor int8_w8a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
-                        const std::optional<at::Tensor>& bias);
+                           const std::optional<at::Tensor>& bias);
+// The same with group-wise INT4 weights.
+at::Tensor int4_w4a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
+                           const at::Tensor& zeros, int64_t group_size,
+                           const std::optional<at::Tensor>& bias);
 
 }  // namespace vllm_x86

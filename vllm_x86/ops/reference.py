@@ -119,3 +119,29 @@ def int8_w8a16_gemm(
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype)
+
+
+def int4_w4a16_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """x [M, K] @ ((codes - zero) * scale)^T (+ bias) in float32, rounded to x's dtype;
+    `w`, `scale`, `zeros` as quant/methods.pack_int4_w4a16 packs them, unpacked here.
+    As for int8_w8a16_gemm, the kernel's 16-bit activations are not modelled."""
+    nb, k8 = w.shape
+    k = k8 // 8
+    b = w.view(nb, k // 64, 8, 64)
+    t = torch.cat([b & 15, b >> 4], dim=2)  # [nb, K/64, 16 rows, 64]
+    q = t.view(nb, k // 64, 16, 16, 4).permute(0, 3, 1, 2, 4).reshape(nb * 16, k)
+    g = k // group_size
+    s = scale.view(nb, g, 16).permute(0, 2, 1).reshape(nb * 16, g)
+    z = zeros.view(nb, g, 16).permute(0, 2, 1).reshape(nb * 16, g)
+    wd = (q.float().view(-1, g, group_size) - z.float()[..., None]) * s.float()[..., None]
+    out = x.float() @ wd.view(nb * 16, k).t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
