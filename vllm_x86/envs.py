@@ -72,10 +72,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "VLLM_X86_QUANT_KERNEL",
         "auto",
-        "x86_int8/x86_int4 kernels where the CPU has AMX: auto (INT8: the plugin's "
-        "int8_w8a16_gemm, 16-bit activations; INT4: vLLM CPU's AMX kernel), w8a8 (INT8 "
-        "quantized while loading runs vLLM CPU's AMX-INT8 kernel, 8-bit activations: "
-        "faster for batches, less accurate) or torch (PyTorch's weight-only kernels; slow "
+        "x86_int8/x86_int4 kernels where the CPU has AMX: auto (the plugin's "
+        "int8_w8a16_gemm / int4_w4a16_gemm, 16-bit activations; INT4 groups of 32: vLLM "
+        "CPU's kernel), vllm (models quantized while loading run vLLM CPU's AMX kernels, "
+        "8-bit activations: less accurate) or torch (PyTorch's weight-only kernels; slow "
         "for batches). For comparisons.",
     ),
     Setting(

