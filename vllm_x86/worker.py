@@ -72,6 +72,11 @@ class X86Worker(CPUWorker):
         )
         self.parallel_config.disable_custom_all_reduce = True
 
+    def init_device(self) -> None:
+        if os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "fork":
+            _pin_forked_threads()
+        super().init_device()
+
     def load_model(self, *args, **kwargs) -> None:
         t0 = time.perf_counter()
         super().load_model(*args, **kwargs)
@@ -131,3 +136,48 @@ class X86Worker(CPUWorker):
             mem.source,
         )
         return kv
+
+
+def _cpu_ids(spec: str) -> list[int]:
+    """CPU ids of GOMP_CPU_AFFINITY ("0 1", "0-3 8") or OMP_PLACES ("{0,1}")."""
+    import re
+
+    cpus: list[int] = []
+    for a, b in re.findall(r"(\d+)(?:-(\d+))?", spec):
+        cpus.extend(range(int(a), int(b or a) + 1))
+    return cpus
+
+
+def _pin_forked_threads() -> None:
+    """Pin this worker's OpenMP threads as vLLM's thread binding would have.
+
+    vLLM CPU binds a worker's threads through the environment it starts the process
+    with (GOMP_CPU_AFFINITY, or OMP_PLACES and OMP_PROC_BIND, and OMP_NUM_THREADS:
+    vllm/utils/ompmultiprocessing.py); the OpenMP runtime reads them when it loads. A
+    forked worker (VLLM_X86_ENGINE_FORK) inherits a runtime its parent loaded before
+    those variables were set, so nothing is pinned and the model threads drift between
+    cores: decode measured 30 % slower (docs/startup.md). Here thread t of the team is
+    pinned to the t-th CPU of that list, which is what a spawned worker ends up with."""
+    spec = os.environ.get("GOMP_CPU_AFFINITY") or os.environ.get("OMP_PLACES")
+    cpus = _cpu_ids(spec or "")
+    if not cpus:
+        logger.info(
+            "vllm-x86: forked worker: vLLM's thread binding gave no CPU list "
+            "(GOMP_CPU_AFFINITY, OMP_PLACES); threads left as they are"
+        )
+        return
+    from vllm_x86.ops import kernels
+
+    if not kernels.available():
+        logger.warning(
+            "vllm-x86: forked worker: the plugin's kernels did not load (%s), so its "
+            "threads cannot be pinned to CPUs %s and decode will be slower; set "
+            "VLLM_X86_ENGINE_FORK=0 or run `make install`",
+            kernels.load_error(),
+            cpus,
+        )
+        return
+    import vllm_x86._C as C
+
+    got = C.bind_threads(cpus)
+    logger.info("vllm-x86: forked worker: OpenMP threads pinned to CPUs %s", got)

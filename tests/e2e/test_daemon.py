@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -113,6 +114,9 @@ def test_serve_hands_the_default_model_to_the_daemon(daemon):
     assert "Paris" in daemon["daemon_text"]
     log = open(srv["log"]).read()
     assert "engine-core and worker processes start by fork" in log
+    # the forked worker pinned its threads itself (vLLM's binding cannot reach it)
+    pinned = re.search(r"OpenMP threads pinned to CPUs \[([-\d, ]+)\]", log)
+    assert pinned and "-1" not in pinned.group(1), log[-3000:]
     assert "platform plugin active" in log
     print(f"\ndaemon-served default model ready {secs:.1f} s after `serve`")
 

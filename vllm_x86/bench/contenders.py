@@ -72,6 +72,13 @@ CONTENDERS: dict[str, Contender] = {
             {"VLLM_CPU_OMP_THREADS_BIND": "0"},
         ),
         Contender(
+            "plugin-spawn",
+            "plugin-server",
+            "vllm-x86 starting its engine processes by spawn, as vLLM CPU does "
+            "(VLLM_X86_ENGINE_FORK=0), instead of by fork",
+            {"VLLM_X86_ENGINE_FORK": "0"},
+        ),
+        Contender(
             "plugin-noops",
             "plugin-server",
             "vllm-x86 with its op table switched off (VLLM_X86_OPS=0): vLLM's own CPU ops, "

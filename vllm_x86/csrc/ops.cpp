@@ -2,6 +2,8 @@
 // call into the kernel table of the ISA picked at run time. Built for the baseline
 // x86-64 ISA, so loading the library never needs more than the machine has.
 #include <ATen/Parallel.h>
+#include <omp.h>
+#include <sched.h>
 #include <torch/all.h>
 
 #include <algorithm>
@@ -429,6 +431,24 @@ at::Tensor int4_w4a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::T
                          std::min(e * 4, nblocks), scratch);
   });
   return out;
+}
+
+std::vector<int64_t> bind_threads(const std::vector<int64_t>& cpus) {
+  const int n = static_cast<int>(cpus.size());
+  TORCH_CHECK(n > 0, "vllm-x86 bind_threads: no CPUs given");
+  at::set_num_threads(n);
+  std::vector<int64_t> got(n, -1);
+  // OpenMP thread t of the team (the caller is thread 0) runs on cpus[t] alone; torch's
+  // parallel regions reuse the same team
+#pragma omp parallel num_threads(n)
+  {
+    const int t = omp_get_thread_num();
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(static_cast<int>(cpus[t]), &set);
+    if (sched_setaffinity(0, sizeof(set), &set) == 0) got[t] = sched_getcpu();
+  }
+  return got;
 }
 
 }  // namespace vllm_x86

@@ -30,6 +30,9 @@ void split_norm_rope_neox(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& v_ou
                           int64_t num_kv_heads, int64_t head_size, double epsilon);
 
 bool amx_available();
+// Pins OpenMP thread t of the calling thread's team to cpus[t] (team size = len(cpus));
+// returns the CPU each thread then ran on (-1 where pinning failed).
+std::vector<int64_t> bind_threads(const std::vector<int64_t>& cpus);
 // INT8-weight linear on AMX with 16-bit activations (amx_gemm.cpp):
 // bf16 [M, K] x packed int8 -> bf16 [M, N].
 at::Tensor int8_w8a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
