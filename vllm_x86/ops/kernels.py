@@ -63,8 +63,8 @@ def ops():
 
 
 def _register_fakes() -> None:
-    # Every op writes into arguments it is given and returns nothing, so the fake
-    # implementations have nothing to compute.
+    # The ops of the op table write into arguments they are given and return nothing,
+    # so their fake implementations have nothing to compute.
     def nothing(*args, **kwargs):
         return None
 
@@ -78,3 +78,12 @@ def _register_fakes() -> None:
         "split_norm_rope_neox",
     ):
         torch.library.register_fake(f"vllm_x86::{name}")(nothing)
+
+    # The quantized GEMMs return [M, N]: N is 16 channels per row of the packed weight.
+    @torch.library.register_fake("vllm_x86::int8_w8a16_gemm")
+    def _int8_gemm(x, w, scale, bias):
+        return x.new_empty((x.shape[0], w.shape[0] * 16))
+
+    @torch.library.register_fake("vllm_x86::int4_w4a16_gemm")
+    def _int4_gemm(x, w, scale, zeros, group_size, bias):
+        return x.new_empty((x.shape[0], w.shape[0] * 16))
