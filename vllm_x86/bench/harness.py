@@ -249,11 +249,14 @@ def _weights(contenders: list[Contender], model_dir: Path, dtype: str, gguf: Pat
     for c in contenders:
         if c.is_server:
             quant = c.quantization
-            hf = hf_weight_bytes_per_token(model_dir, dtype, quant)
+            head = bool(quant) and c.env.get("VLLM_X86_QUANT_LM_HEAD") == "1"
+            hf = hf_weight_bytes_per_token(model_dir, dtype, quant, lm_head_int8=head)
             tied = "tied" if hf["tied_embeddings"] else "untied"
             what = f"{dtype} weights, {tied} embeddings"
             if quant:
                 what += f", decoder linears {quant}"
+            if head:
+                what += ", LM head x86_int8"
             out[c.name] = {**hf, "what": what}
         elif c.kind == "llamacpp" and gguf is not None:
             g = gguf_weight_bytes_per_token(gguf)

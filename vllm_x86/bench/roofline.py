@@ -22,16 +22,15 @@ EMBED_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight")
 LM_HEAD_NAMES = ("lm_head.weight",)
 
 
-# Bytes per weight of a Linear layer quantized by the plugin, in the kernels' packed
-# layouts (vllm_x86/quant/methods.py): INT8 adds a float32 scale and an int32
-# compensation term per output channel; INT4 (group g) packs two weights per byte and
-# adds, per group of each output channel, a float32 scale, an int8 zero point and an
-# int32 compensation term (4 + 1 + 4 bytes per g weights).
+# Bytes per weight of a Linear layer quantized by the plugin, in its kernels' packed
+# layouts (vllm_x86/quant/methods.py): INT8 adds a float32 scale per output channel;
+# INT4 (group g) packs two weights per byte and adds, per group of each output channel,
+# a float32 scale and a uint8 zero point (4 + 1 bytes per g weights).
 def quant_bytes_per_weight(quant: str, k: int, group: int = 128) -> float:
     if quant == "x86_int8":
-        return 1.0 + 8.0 / k
+        return 1.0 + 4.0 / k
     if quant == "x86_int4":
-        return 0.5 + 9.0 / group
+        return 0.5 + 5.0 / group
     raise ValueError(f"unknown quantization '{quant}'")
 
 
@@ -65,10 +64,15 @@ def _is_quantized_linear(name: str, shape: list[int]) -> bool:
 
 
 def hf_weight_bytes_per_token(
-    model_dir: str | Path, dtype: str, quant: str | None = None, group: int = 128
+    model_dir: str | Path,
+    dtype: str,
+    quant: str | None = None,
+    group: int = 128,
+    lm_head_int8: bool = False,
 ) -> dict:
     """Bytes of weights one decoded token reads, for a HF directory run in `dtype`
-    (and, with `quant`, its decoder Linear layers quantized by the plugin)."""
+    (and, with `quant`, its decoder Linear layers quantized by the plugin; with
+    `lm_head_int8`, the LM head in INT8 too: VLLM_X86_QUANT_LM_HEAD)."""
     shapes = _safetensors_shapes(Path(model_dir))
     numels = {n: _numel(s) for n, s in shapes.items()}
     total = sum(numels.values())
@@ -81,6 +85,12 @@ def hf_weight_bytes_per_token(
             if _is_quantized_linear(n, s):
                 q = quant_bytes_per_weight(quant, s[1], group)
                 nbytes += round(numels[n] * (q - DTYPE_BYTES[dtype]))
+    if lm_head_int8:
+        head = next((n for n in LM_HEAD_NAMES if n in shapes), None) if untied else None
+        head = head or next((n for n in EMBED_NAMES if n in shapes), None)
+        if head is not None:
+            q = quant_bytes_per_weight("x86_int8", shapes[head][1])
+            nbytes += round(numels[head] * (q - DTYPE_BYTES[dtype]))
     out = {
         "params": total,
         "params_read_per_token": read,
@@ -90,6 +100,8 @@ def hf_weight_bytes_per_token(
     }
     if quant:
         out["quantization"] = quant
+    if lm_head_int8:
+        out["lm_head"] = "x86_int8"
     return out
 
 
