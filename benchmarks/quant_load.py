@@ -71,6 +71,21 @@ def run_one(model: Path, kwargs: dict) -> dict:
     return {"model_load_s": load[-1], "construct_s": construct[-1], "process_s": wall}
 
 
+def _current(out: Path, name: str) -> bool:
+    """A prepacked checkpoint from an earlier run that this plugin still reads."""
+    from vllm_x86.quant import format as qformat
+
+    if not (out / "x86_quant.json").is_file():
+        return False
+    try:
+        qformat.check_config(
+            json.loads((out / "config.json").read_text())["quantization_config"], name
+        )
+    except (qformat.FormatError, KeyError):
+        return False
+    return True
+
+
 def _fmt(xs: list[float]) -> str:
     return f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"
 
@@ -101,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         elif v.startswith("pre-int"):
             bits = int(v[-1])
             out = work / f"{model.name}-int{bits}"
-            if not (out / "x86_quant.json").is_file():
+            if not _current(out, f"x86_int{bits}"):
                 from vllm_x86.quant.convert import quantize_checkpoint
 
                 print(f"[quant_load] writing {out}", file=sys.stderr, flush=True)
