@@ -105,6 +105,11 @@ def split_norm_rope_neox(
     v_out.copy_(v.reshape(v_out.shape))
 
 
+def _unblock(t: torch.Tensor, nb: int, k: int) -> torch.Tensor:
+    """[nb, K/64, 16 quads, 64] B-tile blocks (quant/methods._vnni_blocks) -> [N, K]."""
+    return t.reshape(nb, k // 64, 16, 16, 4).permute(0, 3, 1, 2, 4).reshape(nb * 16, k)
+
+
 def int8_w8a16_gemm(
     x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -114,7 +119,7 @@ def int8_w8a16_gemm(
     not (the tests bound the difference)."""
     nb, k16 = w.shape
     k = k16 // 16
-    q = w.view(nb, k // 64, 16, 16, 4).permute(0, 3, 1, 2, 4).reshape(nb * 16, k)
+    q = _unblock(w, nb, k)
     out = x.float() @ (q.float() * scale.float()[:, None]).t()
     if bias is not None:
         out = out + bias.float()
@@ -135,8 +140,7 @@ def int4_w4a16_gemm(
     nb, k8 = w.shape
     k = k8 // 8
     b = w.view(nb, k // 64, 8, 64)
-    t = torch.cat([b & 15, b >> 4], dim=2)  # [nb, K/64, 16 rows, 64]
-    q = t.view(nb, k // 64, 16, 16, 4).permute(0, 3, 1, 2, 4).reshape(nb * 16, k)
+    q = _unblock(torch.cat([b & 15, b >> 4], dim=2), nb, k)  # rows r, r + 8 per byte
     g = k // group_size
     s = scale.view(nb, g, 16).permute(0, 2, 1).reshape(nb * 16, g)
     z = zeros.view(nb, g, 16).permute(0, 2, 1).reshape(nb * 16, g)

@@ -98,7 +98,8 @@ def quantize_checkpoint(
             f"(or VLLM_X86_QUANT_KERNEL=torch is set); serve the bf16 model with "
             f"--quantization {name} instead"
         )
-    kernel = "w8a16" if bits == 8 else ("w4a16" if group_size >= 64 else "vllm")
+    layout = qformat.expected_layout(name, group_size)
+    kernel = "w8a16" if bits == 8 else m.int4_layout_kernel(layout)
     if kernel != "vllm":
         try:
             m.check_plugin_amx()  # packed for the plugin's kernel
@@ -187,7 +188,7 @@ def quantize_checkpoint(
         "group_size": group_size if bits == 4 else None,
         "zero_point": bool(zero_point) if bits == 4 else False,
         "prepacked": True,
-        "layout": qformat.expected_layout(name, group_size),
+        "layout": layout,
         "format_version": qformat.FORMAT_VERSION,
         "quantized_layers": quantized,
         # the LM head is stored in bf16 and quantized to INT8 while loading (lm_head.py)

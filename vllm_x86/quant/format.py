@@ -47,11 +47,11 @@ def check_config(config: dict[str, Any], name: str) -> None:
             "`vllm-x86 quantize`, or serve the bf16 model with --quantization " + name
         )
     layout = config.get("layout")
-    if layout != expected_layout(name, config.get("group_size") or 128):
+    expected = expected_layout(name, config.get("group_size") or 128)
+    if layout != expected:
         raise FormatError(
             f"this {name} checkpoint is packed as {layout!r}, and this vllm-x86 with this "
-            f"vLLM packs as {expected_layout(name, config.get('group_size') or 128)!r}; quantize "
-            "the bf16 model again"
+            f"vLLM packs as {expected!r}; quantize the bf16 model again"
         )
 
 

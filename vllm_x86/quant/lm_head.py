@@ -5,9 +5,10 @@ Decoding a token reads the LM head whole: for models with large vocabularies it 
 large share of the bytes (Qwen3-0.6B: 156 M of its 596 M weights read per token), so
 with only the decoder layers quantized, INT8 can gain at most 1.6x over bf16 on that
 model. The LM head is quantized like the INT8 Linear layers (symmetric, a float32 scale
-per vocabulary entry, the same kernel) after the weights are loaded. The input embedding keeps its bf16 table: a lookup reads one row per
-token, and with tied embeddings the two share that table, so the INT8 copy is extra
-memory (1 byte per weight), not a replacement.
+per vocabulary entry, the same kernel) after the weights are loaded. The input
+embedding keeps its bf16 table: a lookup reads one row per token, and with tied
+embeddings the two share that table, so the INT8 copy is extra memory (1 byte per
+weight), not a replacement.
 """
 
 from __future__ import annotations

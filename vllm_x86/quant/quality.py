@@ -11,8 +11,9 @@ Each variant runs in a fresh process with vLLM's LLM class (eager mode):
   whose 32 tokens are all identical, and the mean share of tokens before the first
   difference.
 Variants: bf16; x86_int8; x86_int4 (group 128, zero points: the defaults); -head: the LM
-head in INT8 too; x86_int8-w8a8 / x86_int4-w4a8: vLLM's kernels (8-bit activations); x86_int4-sym (symmetric groups), -g64, -g32; -wo: PyTorch's weight-only
-kernels on the same weights. Prints a markdown table; --json writes the raw numbers.
+head in INT8 too; x86_int8-w8a8 / x86_int4-w4a8: vLLM's kernels (8-bit activations);
+x86_int4-sym (symmetric groups), -g64, -g32; -wo: PyTorch's weight-only kernels on the
+same weights. Prints a markdown table; --json writes the raw numbers.
 """
 
 from __future__ import annotations
