@@ -73,6 +73,9 @@ def _kernels(overrides) -> dict:
             and name != "RotaryEmbedding"
         ):
             continue  # the subclasses share RotaryEmbedding's kernel
+        if row.kind == "router":  # PyTorch code, no kernel (ops/moe_routing.py)
+            ops[f"{name} (MoE router)"] = "PyTorch (the plugin's routing)"
+            continue
         label = {"customop": "CustomOp", "ir": "vLLM IR op", "module": "module"}[row.kind]
         ops[f"{name} ({label})"] = (
             f"C++ {isa}" if ok else f"vLLM's reference ({kernels.load_error()})"

@@ -577,9 +577,6 @@ ARCHS: tuple[Arch, ...] = (
         "LagunaForCausalLM",
         ("poolside/Laguna",),
         "MoE, gated attention, per-layer heads, partial rotary",
-        known={
-            "*": "vLLM's CPU MoE router supports only softmax scoring on this routing path (cpu_router.py: assert scoring_func == 'softmax'); Laguna routes with sigmoid"
-        },
     ),
     Arch(
         "Lfm2MoeForCausalLM",
@@ -596,9 +593,6 @@ ARCHS: tuple[Arch, ...] = (
         ("MiniMaxAI/MiniMax-M2",),
         "MoE sigmoid routing, q/k norms, partial rotary",
         {"rotary_dim": 16, "scoring_func": "sigmoid", "use_routing_bias": True},
-        known={
-            "*": "vLLM's CPU MoE router handles sigmoid scoring only with expert groups (cpu_router.py: assert scoring_func == 'softmax'); MiniMax-M2 routes with sigmoid + bias, no groups"
-        },
     ),
     Arch(
         "JambaForCausalLM",

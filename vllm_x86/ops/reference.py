@@ -149,3 +149,28 @@ def int4_w4a16_gemm(
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype)
+
+
+def sigmoid_topk(
+    router_logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    e_score_correction_bias: torch.Tensor | None,
+    routed_scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sigmoid MoE routing (ops/moe_routing.sigmoid_topk), one token at a time in
+    float32 as transformers' LagunaTopKRouter / MiniMaxM2TopKRouter define it: the
+    experts with the largest sigmoid(logit) + bias (a stable sort: equal values keep
+    the lower id first), weighted by their sigmoid(logit) without the bias, divided by
+    the weights' sum when `renormalize`, times `routed_scaling_factor`."""
+    weights, ids = [], []
+    for logits in router_logits.float():
+        scores = 1.0 / (1.0 + torch.exp(-logits))
+        choice = scores if e_score_correction_bias is None else scores + e_score_correction_bias
+        order = torch.sort(choice.float(), descending=True, stable=True).indices[:top_k]
+        w = scores[order]
+        if renormalize:
+            w = w / w.sum()
+        weights.append(w * routed_scaling_factor)
+        ids.append(order)
+    return torch.stack(weights), torch.stack(ids).to(torch.int32)

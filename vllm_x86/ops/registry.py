@@ -2,7 +2,7 @@
 
 Every row names what it replaces in vLLM, with what, and why. Reading this file tells
 a newcomer all the plugin does to vLLM's math; nothing else in the code base registers
-or replaces ops. Three kinds of rows, one per mechanism vLLM offers a platform:
+or replaces ops. Four kinds of rows, one per mechanism vLLM offers a platform:
 
 - ``customop``: a CustomOp class replaced with ``CustomOp.register_oot`` by a subclass
   built from vLLM's class and the plugin's mixin (which provides ``forward_cpu``). The
@@ -14,6 +14,10 @@ or replaces ops. Three kinds of rows, one per mechanism vLLM offers a platform:
   ``x86``; ``X86Platform.get_default_ir_op_priority`` puts it before ``native``.
 - ``module``: after a model is loaded, every module of the named class has its class
   switched to a subclass with the plugin's mixin, when ``check`` accepts the module.
+- ``router``: the same for the MoE router objects of a loaded model (vLLM's MoE runner
+  modules hold theirs as ``.router``; routers are not modules): each router of the
+  named class whose ``check`` accepts it has its class switched, to ``impl`` itself
+  when that is already a subclass of vLLM's class.
 
 Each kernel has a pure-torch reference (ops/reference.py) and tests against it
 (tests/unit/test_ops.py). Where a kernel cannot run, the reference runs and the plugin
@@ -32,11 +36,12 @@ logger = get_logger("ops")
 
 @dataclass(frozen=True)
 class Override:
-    kind: str  # "customop" | "ir" | "module"
-    target: str  # vLLM's "module:Class" (customop, module) or IR op name (ir)
+    kind: str  # "customop" | "ir" | "module" | "router"
+    target: str  # vLLM's "module:Class" (customop, module, router) or IR op name (ir)
     impl: str  # the plugin's "module:Object"
     why: str
-    check: str | None = None  # module rows: "module:function" -> None or reason not to
+    # module and router rows: "module:function" -> None or reason not to
+    check: str | None = None
 
 
 _ROPE = "vllm.model_executor.layers.rotary_embedding"
@@ -122,6 +127,15 @@ OVERRIDES: tuple[Override, ...] = (
         _QK_WHY,
         check=f"{_QK}:fusable",
     ),
+    # MoE routing: vLLM's CPU router asserts softmax where no expert groups are used
+    Override(
+        "router",
+        "vllm.model_executor.layers.fused_moe.router.cpu_router:CPURouter",
+        "vllm_x86.ops.moe_routing:X86CPURouter",
+        "sigmoid top-k routing (optional correction bias for the choice only) without "
+        "expert groups, which vLLM's CPU router rejects (Laguna, MiniMax-M2)",
+        check="vllm_x86.ops.moe_routing:needs_routing",
+    ),
 )
 
 _installed: dict[str, type] = {}
@@ -199,38 +213,59 @@ def ir_providers() -> dict[str, list[str]]:
     return {row.target: [layernorm.PROVIDER, "native"] for row in OVERRIDES if row.kind == "ir"}
 
 
+def _objects(model, kind: str):
+    """What rows of `kind` match against: the model's modules, or (router rows) the
+    MoE routers they hold, each once."""
+    if kind == "module":
+        yield from model.modules()
+        return
+    seen: set[int] = set()
+    for module in model.modules():
+        router = module.__dict__.get("router")
+        if router is not None and id(router) not in seen:
+            seen.add(id(router))
+            yield router
+
+
 def apply_module_overrides(model) -> dict[str, int]:
-    """Switch the class of matching modules of a loaded model (module rows). Returns
-    how many modules each row changed; logs why a row did not apply."""
+    """Switch the class of matching modules (module rows) and MoE routers (router rows)
+    of a loaded model. Returns how many objects each row changed; logs why a row did
+    not apply."""
     counts: dict[str, int] = {}
     if not ops_enabled():
         return counts
-    rows = [r for r in OVERRIDES if r.kind == "module"]
-    targets = []
-    for row in rows:
-        try:
-            targets.append((row, _load(row.target)))
-        except (ImportError, AttributeError) as e:  # a model file this vLLM lacks
-            logger.debug("vllm-x86: %s not available: %s", row.target, e)
-    if not targets:
-        return counts
     reasons: dict[str, str] = {}
-    for module in model.modules():
-        for row, base in targets:
-            if type(module) is not base:
-                continue
-            why = _load(row.check)(module) if row.check else None
-            if why is not None:
-                reasons[row.target] = why
-                continue
-            sub = _module_classes.get(base)
-            if sub is None:
-                sub = type(f"X86{base.__name__}", (_load(row.impl), base), {"__doc__": row.why})
-                _module_classes[base] = sub
-            module.__class__ = sub
-            counts[row.target] = counts.get(row.target, 0) + 1
+    for kind in ("module", "router"):
+        targets = []
+        for row in (r for r in OVERRIDES if r.kind == kind):
+            try:
+                targets.append((row, _load(row.target)))
+            except (ImportError, AttributeError) as e:  # a file this vLLM lacks
+                logger.debug("vllm-x86: %s not available: %s", row.target, e)
+        if not targets:
+            continue
+        for obj in _objects(model, kind):
+            for row, base in targets:
+                if type(obj) is not base:
+                    continue
+                why = _load(row.check)(obj) if row.check else None
+                if why is not None:
+                    reasons[row.target] = why
+                    continue
+                sub = _module_classes.get(base)
+                if sub is None:
+                    impl = _load(row.impl)
+                    if not (isinstance(impl, type) and issubclass(impl, base)):  # a mixin
+                        impl = type(f"X86{base.__name__}", (impl, base), {"__doc__": row.why})
+                    sub = _module_classes[base] = impl
+                obj.__class__ = sub
+                counts[row.target] = counts.get(row.target, 0) + 1
+    kinds = {row.target: row.kind for row in OVERRIDES}
     for target, n in counts.items():
-        logger.info("vllm-x86: %d %s modules use the fused kernel", n, target.split(":")[1])
+        what = (
+            "modules use the fused kernel" if kinds[target] == "module" else "use the plugin's code"
+        )
+        logger.info("vllm-x86: %d %s %s", n, target.split(":")[1], what)
     for target, why in reasons.items():
         if target not in counts:
             logger.info("vllm-x86: %s keeps vLLM's code: %s", target.split(":")[1], why)
