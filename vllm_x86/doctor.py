@@ -73,7 +73,15 @@ def _kernels(overrides) -> dict:
             and name != "RotaryEmbedding"
         ):
             continue  # the subclasses share RotaryEmbedding's kernel
-        label = {"customop": "CustomOp", "ir": "vLLM IR op", "module": "module"}[row.kind]
+        label = {
+            "customop": "CustomOp",
+            "ir": "vLLM IR op",
+            "layer": "PluggableLayer",
+            "module": "module",
+        }[row.kind]
+        if row.kind == "layer":  # ops/mamba.py: vectorized torch, no C++ kernel
+            ops[f"{name} ({label})"] = "torch (float32)"
+            continue
         ops[f"{name} ({label})"] = (
             f"C++ {isa}" if ok else f"vLLM's reference ({kernels.load_error()})"
         )
