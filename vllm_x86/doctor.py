@@ -76,7 +76,15 @@ def _kernels(overrides) -> dict:
         if row.kind == "router":  # PyTorch code, no kernel (ops/moe_routing.py)
             ops[f"{name} (MoE router)"] = "PyTorch (the plugin's routing)"
             continue
-        label = {"customop": "CustomOp", "ir": "vLLM IR op", "module": "module"}[row.kind]
+        label = {
+            "customop": "CustomOp",
+            "ir": "vLLM IR op",
+            "layer": "PluggableLayer",
+            "module": "module",
+        }[row.kind]
+        if row.kind == "layer":  # ops/mamba.py: vectorized torch, no C++ kernel
+            ops[f"{name} ({label})"] = "torch (float32)"
+            continue
         ops[f"{name} ({label})"] = (
             f"C++ {isa}" if ok else f"vLLM's reference ({kernels.load_error()})"
         )

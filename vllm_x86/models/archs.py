@@ -607,9 +607,6 @@ ARCHS: tuple[Arch, ...] = (
             "num_experts": 4,
             "mamba_dt_rank": 8,
         },
-        known={
-            "*": "vLLM's CPU path for Mamba-1 mixers is incomplete: fp32 stops at the missing selective scan (torch.ops._C.selective_scan_fwd), bf16 at the conv1d weight's shape (IndexError in MambaMixer.forward_impl)"
-        },
     ),
     # --- dense, other families
     Arch(
@@ -698,18 +695,12 @@ ARCHS: tuple[Arch, ...] = (
         ("state-spaces/mamba-130m-hf",),
         "Mamba-1 selective scan",
         {"state_size": 16, "time_step_rank": 8},
-        known={
-            "*": "vLLM's CPU path for Mamba-1 mixers is incomplete: fp32 stops at the missing selective scan (torch.ops._C.selective_scan_fwd), bf16 at the conv1d weight's shape (IndexError in MambaMixer.forward_impl)"
-        },
     ),
     Arch(
         "FalconMambaForCausalLM",
         ("tiiuae/falcon-mamba-7b",),
         "Mamba-1 with RMS-normed B/C/dt",
         {"state_size": 16, "time_step_rank": 8},
-        known={
-            "*": "vLLM's CPU path for Mamba-1 mixers is incomplete: fp32 stops at the missing selective scan (torch.ops._C.selective_scan_fwd), bf16 at the conv1d weight's shape (IndexError in MambaMixer.forward_impl)"
-        },
     ),
     Arch(
         "Mamba2ForCausalLM",

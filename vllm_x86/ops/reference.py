@@ -174,3 +174,167 @@ def sigmoid_topk(
         weights.append(w * routed_scaling_factor)
         ids.append(order)
     return torch.stack(weights), torch.stack(ids).to(torch.int32)
+
+# ---------------------------------------------------------------- Mamba-1 (ops/mamba.py)
+
+
+def _mamba_step(h, u, dt, A, B, C, D, z):
+    """One step of the Mamba-1 recurrence for all channels (transformers'
+    MambaMixer.slow_forward, Mamba paper eq. 2a/2b with ZOH-discretized A and Euler B):
+    h <- exp(dt A) h + dt B u; y = C h + D u, gated by silu(z). Float32; dt already
+    biased and softplus-ed; B, C per channel [dim, dstate]."""
+    h = torch.exp(dt[:, None] * A) * h + (dt * u)[:, None] * B
+    y = (h * C).sum(-1)
+    if D is not None:
+        y = y + D * u
+    out_z = y * F.silu(z) if z is not None else None
+    return h, y, out_z
+
+
+def _mamba_dt(delta, delta_bias, softplus: bool):
+    dt = delta.float()
+    if delta_bias is not None:
+        dt = dt + delta_bias.float()
+    if softplus:
+        dt = torch.where(dt <= 20.0, torch.log1p(torch.exp(dt)), dt)
+    return dt
+
+
+def selective_scan_fwd(
+    u: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D_: torch.Tensor | None,
+    z_: torch.Tensor | None,
+    delta_bias_: torch.Tensor | None,
+    delta_softplus: bool,
+    query_start_loc: torch.Tensor | None,
+    cache_indices: torch.Tensor | None,
+    has_initial_state: torch.Tensor | None,
+    ssm_states: torch.Tensor,
+    null_block_id: int,
+    block_size: int = 1024,
+    block_idx_first_scheduled_token: torch.Tensor | None = None,
+    block_idx_last_scheduled_token: torch.Tensor | None = None,
+    initial_state_idx: torch.Tensor | None = None,
+    cu_chunk_seqlen: torch.Tensor | None = None,
+    last_chunk_indices: torch.Tensor | None = None,
+) -> None:
+    """vLLM's _C.selective_scan_fwd (Mamba-1 prefill), token by token. u, delta, z:
+    [dim, T] varlen (sequences cut by query_start_loc) or [batch, dim, L]; A [dim,
+    dstate]; B, C [groups, dstate, T] or [batch, groups, dstate, L]; ssm_states [slots,
+    dim, dstate], read where has_initial_state, written with each final state. Writes y
+    into delta and y * silu(z) into z. Sequences whose slot is null_block_id are left
+    alone. The prefix-caching arguments are not modelled (vLLM's Mamba-1 passes none)."""
+    assert block_idx_first_scheduled_token is None and cu_chunk_seqlen is None
+    dim, dstate = A.shape
+    Af = A.float()
+    if query_start_loc is not None:
+        q = query_start_loc.tolist()
+        seqs = [(i, (Ellipsis, slice(q[i], q[i + 1]))) for i in range(len(q) - 1)]
+    else:
+        seqs = [(i, (i,)) for i in range(u.shape[0])]
+    for i, where in seqs:
+        slot = int(cache_indices[i]) if cache_indices is not None else i
+        if slot == null_block_id:
+            continue
+        us, dts, Bs, Cs = u[where], delta[where], B[where], C[where]
+        zs = z_[where] if z_ is not None else None
+        groups = Bs.shape[0]
+        per_group = dim // groups
+        if has_initial_state is not None and bool(has_initial_state[i]):
+            h = ssm_states[slot].float().reshape(dim, dstate)
+        else:
+            h = torch.zeros(dim, dstate)
+        length = us.shape[-1]
+        if length == 0:
+            continue
+        ys, yzs = [], []
+        for t in range(length):
+            dt = _mamba_dt(dts[:, t], delta_bias_, delta_softplus)
+            Bt = Bs[:, :, t].float().repeat_interleave(per_group, dim=0)
+            Ct = Cs[:, :, t].float().repeat_interleave(per_group, dim=0)
+            zt = zs[:, t].float() if zs is not None else None
+            D = D_.float() if D_ is not None else None
+            h, y, yz = _mamba_step(h, us[:, t].float(), dt, Af, Bt, Ct, D, zt)
+            ys.append(y)
+            yzs.append(yz)
+        dts.copy_(torch.stack(ys, dim=-1))
+        if zs is not None:
+            zs.copy_(torch.stack(yzs, dim=-1))
+        ssm_states[slot].copy_(h.reshape(ssm_states[slot].shape))
+
+
+def selective_state_update(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    dt_softplus: bool,
+    state_batch_indices: torch.Tensor | None,
+    dst_state_batch_indices: torch.Tensor | None,
+    null_block_id: int,
+    out: torch.Tensor,
+) -> None:
+    """One decode step of the Mamba-1 recurrence per sequence (vLLM's
+    selective_state_update for Mamba-1 shapes): state [slots, dim, dstate]; x, dt, z,
+    out [batch, dim]; B, C [batch, dstate]; A [dim, dstate]; D, dt_bias [dim]. Sequence b
+    reads slot state_batch_indices[b] and writes dst_state_batch_indices[b] ([batch] or
+    [batch, 1]; b itself if None); a sequence whose slot is null_block_id is skipped."""
+    batch = x.shape[0]
+
+    def slot(indices, b):
+        return int(indices.reshape(batch, -1)[b, 0]) if indices is not None else b
+
+    for b in range(batch):
+        src = slot(state_batch_indices, b)
+        if src == null_block_id:
+            continue
+        h, y, yz = _mamba_step(
+            state[src].float(),
+            x[b].float(),
+            _mamba_dt(dt[b], dt_bias, dt_softplus),
+            A.float(),
+            B[b].float()[None, :],
+            C[b].float()[None, :],
+            D.float() if D is not None else None,
+            z[b].float() if z is not None else None,
+        )
+        dst = slot(
+            dst_state_batch_indices if dst_state_batch_indices is not None else state_batch_indices,
+            b,
+        )
+        state[dst].copy_(h)
+        out[b].copy_(yz if z is not None else y)
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    silu: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal convolution of one sequence x [dim, L] with weight [dim, width]
+    (the Mamba conv1d), after the width - 1 columns of initial_state (zeros if None):
+    out[:, t] = bias + sum_k weight[:, k] * xp[:, t + k], xp = [initial_state, x].
+    Returns (out [dim, L], the last width - 1 columns of xp: the next conv state)."""
+    dim, width = weight.shape
+    xf = x.float()
+    init = initial_state.float() if initial_state is not None else torch.zeros(dim, width - 1)
+    xp = torch.cat([init, xf], dim=-1)
+    out = torch.zeros_like(xf)
+    for k in range(width):
+        out += weight.float()[:, k : k + 1] * xp[:, k : k + xf.shape[-1]]
+    if bias is not None:
+        out += bias.float()[:, None]
+    if silu:
+        out = F.silu(out)
+    return out, xp[:, -(width - 1) :]

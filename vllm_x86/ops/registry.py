@@ -2,7 +2,7 @@
 
 Every row names what it replaces in vLLM, with what, and why. Reading this file tells
 a newcomer all the plugin does to vLLM's math; nothing else in the code base registers
-or replaces ops. Four kinds of rows, one per mechanism vLLM offers a platform:
+or replaces ops. Five kinds of rows, one per mechanism vLLM offers a platform:
 
 - ``customop``: a CustomOp class replaced with ``CustomOp.register_oot`` by a subclass
   built from vLLM's class and the plugin's mixin (which provides ``forward_cpu``). The
@@ -12,6 +12,9 @@ or replaces ops. Four kinds of rows, one per mechanism vLLM offers a platform:
   ``custom_ops`` says otherwise.
 - ``ir``: an implementation of a vLLM IR op, registered under the provider name
   ``x86``; ``X86Platform.get_default_ir_op_priority`` puts it before ``native``.
+- ``layer``: a PluggableLayer class (a layer vLLM lets a platform replace whole, out of
+  tree) replaced with ``PluggableLayer.register_oot`` by a subclass built from vLLM's
+  class and the plugin's mixin, at the layer's construction.
 - ``module``: after a model is loaded, every module of the named class has its class
   switched to a subclass with the plugin's mixin, when ``check`` accepts the module.
 - ``router``: the same for the MoE router objects of a loaded model (vLLM's MoE runner
@@ -36,8 +39,8 @@ logger = get_logger("ops")
 
 @dataclass(frozen=True)
 class Override:
-    kind: str  # "customop" | "ir" | "module" | "router"
-    target: str  # vLLM's "module:Class" (customop, module, router) or IR op name (ir)
+    kind: str  # "customop" | "ir" | "layer" | "module" | "router"
+    target: str  # vLLM's "module:Class" (customop, layer, module, router) or IR op name (ir)
     impl: str  # the plugin's "module:Object"
     why: str
     # module and router rows: "module:function" -> None or reason not to
@@ -112,6 +115,16 @@ OVERRIDES: tuple[Override, ...] = (
         "vllm_x86.ops.layernorm:fused_add_rms_norm_x86",
         "C++ kernel: residual add and RMSNorm in place, two passes",
     ),
+    # Mamba-1 mixers (Mamba, FalconMamba, Jamba)
+    Override(
+        "layer",
+        "vllm.model_executor.layers.mamba.mamba_mixer:MambaMixer",
+        "vllm_x86.ops.mamba:X86MambaMixerMixin",
+        "vLLM's CPU build cannot run it: the prefill scan is a CUDA-only _C op (the "
+        "plugin's selective_scan_fwd runs instead), bf16 packs the conv weight its conv "
+        "ops read unpacked, and decode passes a 3-D state to a 4-D state kernel "
+        "(ops/mamba.py)",
+    ),
     # Qwen3 / Qwen3-MoE attention prologue
     Override(
         "module",
@@ -172,12 +185,12 @@ _said_off = False
 
 
 def register_all() -> dict[str, type]:
-    """Install the customop and ir rows (idempotent). Only when the plugin is vLLM's
+    """Install the customop, layer and ir rows (idempotent). Only when the plugin is vLLM's
     platform (with VLLM_X86_DISABLE=1, stock vLLM CPU runs untouched) and the op table
     is on (VLLM_X86_OPS)."""
     if _installed or not plugin_is_platform() or not ops_enabled():
         return _installed
-    from vllm.model_executor.custom_op import CustomOp, op_registry_oot
+    from vllm.model_executor.custom_op import CustomOp, PluggableLayer, op_registry_oot
 
     from vllm_x86.ops import kernels, layernorm
     from vllm_x86.ops.fallback import warn_fallback
@@ -185,7 +198,7 @@ def register_all() -> dict[str, type]:
     if not kernels.available():
         warn_fallback("every plugin kernel", kernels.load_error() or "no kernels")
     for row in OVERRIDES:
-        if row.kind != "customop":
+        if row.kind not in ("customop", "layer"):
             continue
         base = _load(row.target)
         if base.__name__ in op_registry_oot:
@@ -193,7 +206,8 @@ def register_all() -> dict[str, type]:
             continue
         cls = type(f"X86{base.__name__}", (_load(row.impl), base), {"__doc__": row.why})
         vllm_name = getattr(base, "name", None)
-        CustomOp.register_oot(_decorated_op_cls=cls, name=base.__name__)
+        register = CustomOp if row.kind == "customop" else PluggableLayer
+        register.register_oot(cls, name=base.__name__)
         if vllm_name is not None:
             # register_oot names the class after the key; keep vLLM's op name so the
             # user's custom_ops "+name"/"-name" settings apply to the override too.
