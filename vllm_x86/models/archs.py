@@ -30,6 +30,9 @@ class Arch:
     gain: float = 4.0  # tiny.LAYER_GAIN unless the embedding needs larger layers beside it
     skip: str = ""  # why the suite does not run it at all (a limit of the suite itself)
     engine: dict[str, Any] = field(default_factory=dict)  # extra vLLM engine arguments
+    # a rewrite in formats.py giving the tiny checkpoint the format of the real ones on
+    # the Hub, where transformers saves another one that vLLM does not read
+    hub_format: str = ""
 
 
 # MLA on vLLM CPU: the attention kernels are built for a latent cache of
@@ -297,12 +300,14 @@ ARCHS: tuple[Arch, ...] = (
         "MLA, shortcut-connected MoE with zero experts",
         {
             "zero_expert_type": "identity",
+            "zero_expert_num": 4,
+            "num_layers": 2,
             "mla_scale_q_lora": True,
             "mla_scale_kv_lora": True,
             **MLA,
         },
         known={
-            "*": "not checked: the checkpoint transformers 5.19 writes names the experts differently from what vLLM's LongCat-Flash loader expects (KeyError layers.0.mlp.experts.10.gate_proj.weight: zero experts)"
+            "*": "the Hub format and transformers 5.19 disagree on the zero experts: LongCat-Flash checkpoints hold weights for the routed experts only, and vLLM's longcat_flash.py maps those only; transformers' LongcatFlashExperts (modeling_longcat_flash.py:170) allocates gate_up_proj for n_routed_experts + zero_expert_num experts, so it saves gate/up weights for the zero (identity) experts (vLLM: KeyError layers.0.mlp.experts.8.gate_proj.weight) and cannot load a checkpoint without them (size mismatch 8 vs 12 experts); no one checkpoint serves both"
         },
     ),
     # --- GLM
@@ -349,8 +354,9 @@ ARCHS: tuple[Arch, ...] = (
         {"head_dim": 64, "v_head_dim": 32, "num_hidden_layers": 3},
         family="MiMo-V2-Flash",
         gain=8.0,
+        hub_format="mimo_v2_flash",
         known={
-            "*": "not checked: vLLM reads MiMo-V2-Flash's original config fields (hybrid_layer_pattern, swa_*), which transformers 5.19 does not write; the tiny checkpoint would need a hand-made config"
+            "*": "vLLM's mimo_v2.py gives layers whose v head dim differs from the qk head dim (MiMo-V2-Flash: 192/128) a DiffKV attention backend (FLASH_ATTN_DIFFKV, else TRITON_ATTN_DIFFKV); both are GPU kernels and Triton has no CPU backend here (AttributeError: module 'triton' has no attribute 'next_power_of_2'). With equal head dims the same tiny checkpoint passes both eager modes"
         },
     ),
     # --- Gemma
@@ -545,9 +551,7 @@ ARCHS: tuple[Arch, ...] = (
         ("tencent/Hunyuan-V3",),
         "MoE with shared expert, q/k norms",
         {"expert_hidden_dim": 64, "route_norm": True, "first_k_dense_replace": 1},
-        known={
-            "*": "not checked: vLLM's HY-V3 loader expects other weight names than the checkpoint transformers 5.19 writes (KeyError layers.0.self_attn.k_norm.weight)"
-        },
+        hub_format="hy_v3",
     ),
     Arch(
         "HYV4ForCausalLM",
@@ -689,14 +693,8 @@ ARCHS: tuple[Arch, ...] = (
         "Lfm2ForCausalLM",
         ("LiquidAI/LFM2-1.2B",),
         "short convolutions + attention",
-        {
-            "conv_dim": 128,
-            "num_hidden_layers": 3,
-            "layer_types": ["conv", "full_attention", "conv"],
-        },
-        known={
-            "*": "not checked: vLLM reads LFM2's original config fields (conv_dim, block_dim, ...) that transformers 5.19 does not write"
-        },
+        {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"]},
+        hub_format="lfm2",
     ),
     # --- state space and hybrids
     Arch(
@@ -766,9 +764,9 @@ ARCHS: tuple[Arch, ...] = (
             "mamba_headdim": 64,
             "chunk_size": 16,
             "adapter_rank": 8,
-        },
-        known={
-            "*": "not diagnosed yet: vLLM's Zamba2 loader narrows the shared attention's qkv weight to 256 rows where the checkpoint transformers 5.19 writes has 128 (attention_hidden_size = 2 x hidden)"
+            # Zamba2's shared attention has as many KV heads as query heads (as every
+            # Zyphra checkpoint); vLLM's zamba2.py builds it without GQA
+            "num_key_value_heads": 4,
         },
     ),
 )
