@@ -255,8 +255,20 @@ ARCHS: tuple[Arch, ...] = (
         "DeepseekV4ForCausalLM",
         ("deepseek-ai/DeepSeek-V4-Flash",),
         "compressed sparse attention, hyper-connections, MoE",
+        # vLLM's DeepSeek-V4 caches are laid out for its real head sizes only
+        # (compressor.py: attention 512, indexer 128); its o-projection groups split
+        # the heads (cpu_sparse.py), so fewer groups than heads; 4 layers give
+        # hash-routed and score-routed MoE layers, HCA and CSA attention
+        {
+            "o_lora_rank": 32,
+            "o_groups": 2,
+            "head_dim": 512,
+            "index_head_dim": 128,
+            "num_hidden_layers": 4,
+        },
+        hub_format="deepseek_v4",
         known={
-            "*": "not checked: vLLM re-validates the config and rejects the 'hash_moe' mlp_layer_types that transformers 5.19 writes for DeepSeek-V4 (config formats disagree; not a CPU op)"
+            "*": "with the Hub's layout (formats.deepseek_v4) vLLM's CPU DeepSeek-V4 model builds and loads, then its first step stops in the sparse-SWA attention metadata builder (v1/attention/backends/mla/sparse_swa.py:610): compute_token_to_req_indices (v1/attention/ops/metadata.py:43) is a Triton kernel and Triton has no CPU backend here (TypeError: 'function' object is not subscriptable); the plugin's op table has no row kind for replacing such a function yet"
         },
     ),
     Arch(
@@ -525,7 +537,7 @@ ARCHS: tuple[Arch, ...] = (
         ("CohereLabs/command-a-moe",),
         "MoE, sliding window, parallel block",
         known={
-            "*": "not diagnosed yet: the first greedy token already differs in fp32 (decisive gap 1.87): vLLM's cohere2_moe and transformers read this config differently"
+            "*": "vLLM and transformers disagree on the sliding window's width: vLLM's cohere2_moe.py:213 gives sliding layers a window of sliding_window + 1 tokens ([pos - W, pos]), transformers' masking_utils.py:100 (sliding_window_overlay: kv_idx > q_idx - W) one of W tokens. Checked: transformers with sliding_window = W + 1 reproduces vLLM's fp32 output (first token 346, prompt log-prob difference 1.868, from position 17 on)"
         },
     ),
     Arch(
@@ -538,7 +550,7 @@ ARCHS: tuple[Arch, ...] = (
         },
         gain=8.0,
         known={
-            "*": "not diagnosed: vLLM does not load the expert weights of the checkpoint transformers 5.19 writes (KeyError blocks.0.ffn.experts.w13_weight)"
+            "*": "vLLM 0.32's DBRX loader is broken for every DBRX checkpoint (this one has the Hub's names, transformer.blocks.N.ffn.experts.mlp.w1/v1/w2): DbrxModel.load_weights (dbrx.py:397-406) maps them to blocks.N.ffn.experts.w13_weight / w2_weight, but since the MoE refactor FusedMoEFactory returns a MoERunner whose expert parameters live under experts.routed_experts.* (KeyError blocks.0.ffn.experts.w13_weight); not a checkpoint-format or CPU-op matter"
         },
     ),
     Arch(
@@ -634,7 +646,7 @@ ARCHS: tuple[Arch, ...] = (
         "sliding window with NoPE global layers",
         {"num_hidden_layers": 3, "sliding_window_pattern": 2},
         known={
-            "*": "not diagnosed yet: fp32 greedy tokens part at token 8 (gap 0.32), with prompt log-probs close: the sliding-window / NoPE layer pattern is the suspect"
+            "*": "vLLM and transformers disagree on the sliding window's width: vLLM's commandr.py:244 gives Cohere2's sliding layers a window of sliding_window + 1 tokens ([pos - W, pos], 'the training convention'), transformers' masking_utils.py:100 (sliding_window_overlay: kv_idx > q_idx - W) one of W tokens. Checked: transformers with sliding_window = W + 1 reproduces vLLM's fp32 output (token 8 = 340, prompt log-prob difference 0.598, from position 17 on)"
         },
     ),
     Arch(

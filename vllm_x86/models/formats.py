@@ -80,10 +80,52 @@ def hy_v3(config: dict, weights: dict, out: Path) -> None:
     config["qk_norm"] = True
 
 
+def deepseek_v4(config: dict, weights: dict, out: Path) -> None:
+    """DeepSeek-V4's original layout (deepseek-ai/DeepSeek-V4-Flash), read by vLLM's
+    deepseek_v4 model and config: per-layer ``compress_ratios`` (0 sliding, 4 CSA, 128
+    HCA) and ``num_hash_layers`` instead of transformers' ``layer_types`` and
+    ``mlp_layer_types`` (vLLM's DeepseekV4Config is a PreTrainedConfig, whose
+    validator rejects 'hash_moe' entries), and weight names without the ``model.``
+    prefix (``embed.weight``, ``layers.N...``, ``hc_head_fn``, ``attn.kv_norm``).
+    transformers folds both
+    back (configuration_deepseek_v4.py legacy kwargs, conversion_mapping.py)."""
+    rates = config.get("compress_rates") or {}
+    ratio = {
+        "sliding_attention": 0,
+        "compressed_sparse_attention": rates.get("compressed_sparse_attention", 4),
+        "heavily_compressed_attention": rates.get("heavily_compressed_attention", 128),
+    }
+    mlp = config.pop("mlp_layer_types")
+    n_hash = next((i for i, t in enumerate(mlp) if t != "hash_moe"), len(mlp))
+    if any(t != "moe" for t in mlp[n_hash:]):
+        raise ValueError(f"DeepSeek-V4's hash MoE layers must come first: {mlp}")
+    config["num_hash_layers"] = n_hash
+    # the routed layers' gate has a score-correction bias (as in the Hub config)
+    config["topk_method"] = "noaux_tc"
+    config["compress_ratios"] = [ratio[t] for t in config.pop("layer_types")]
+    renames = {
+        "model.embed_tokens.weight": "embed.weight",
+        "model.norm.weight": "norm.weight",
+        "model.hc_head.hc_fn": "hc_head_fn",
+        "model.hc_head.hc_base": "hc_head_base",
+        "model.hc_head.hc_scale": "hc_head_scale",
+    }
+    for name in list(weights):
+        new = renames.get(name)
+        if new is None and name.startswith("model.layers."):
+            new = name[len("model.") :]
+            # transformers' reverse of its `.norm.` -> `.kv_norm.` rename over-reaches:
+            # the attention's KV norm is `attn.kv_norm` in the original
+            new = new.replace(".attn.norm.", ".attn.kv_norm.")
+        if new is not None:
+            weights[new] = weights.pop(name)
+
+
 REWRITES: dict[str, Callable[[dict, dict, Path], None]] = {
     "mimo_v2_flash": mimo_v2_flash,
     "lfm2": lfm2,
     "hy_v3": hy_v3,
+    "deepseek_v4": deepseek_v4,
 }
 
 
