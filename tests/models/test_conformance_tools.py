@@ -239,7 +239,7 @@ def _rewritten(tmp_path, name: str):
     return cfg, json.loads((tmp_path / "config.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["mimo_v2_flash", "lfm2", "hy_v3"])
+@pytest.mark.parametrize("name", ["mimo_v2_flash", "lfm2", "hy_v3", "deepseek_v4"])
 def test_hub_format_keeps_what_transformers_reads(tmp_path, name):
     """transformers reads the rewritten config.json as the config it saved: every field
     the rewrite leaves alone (layer types, widths, rope) reads back the same."""
@@ -271,3 +271,38 @@ def test_lfm2_hub_fields(tmp_path):
     cfg, d = _rewritten(tmp_path, "lfm2")
     assert d["block_dim"] == d["conv_dim"] == d["conv_dim_out"] == cfg.hidden_size
     assert d["full_attn_idxs"] == [1]
+
+
+def test_deepseek_v4_hub_layout(tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from vllm_x86.models import formats
+
+    cfg = tiny.tiny_config("DeepseekV4ForCausalLM", BY_NAME["DeepseekV4ForCausalLM"].extra)
+    cfg.save_pretrained(str(tmp_path))
+    names = [
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "model.hc_head.hc_fn",
+        "model.layers.0.attn.norm.weight",
+        "model.layers.0.attn.compressor.norm.weight",
+        "head.weight",
+    ]
+    save_file({n: torch.zeros(1) for n in names}, str(tmp_path / "model.safetensors"))
+    formats.rewrite("deepseek_v4", tmp_path)
+    d = json.loads((tmp_path / "config.json").read_text())
+    assert "layer_types" not in d and "mlp_layer_types" not in d
+    assert d["num_hash_layers"] == cfg.mlp_layer_types.count("hash_moe")
+    rate = {"heavily_compressed_attention": 128, "compressed_sparse_attention": 4}
+    assert d["compress_ratios"] == [rate[t] for t in cfg.layer_types]
+    assert sorted(load_file(str(tmp_path / "model.safetensors"))) == sorted(
+        [
+            "embed.weight",
+            "norm.weight",
+            "hc_head_fn",
+            "layers.0.attn.kv_norm.weight",
+            "layers.0.attn.compressor.norm.weight",
+            "head.weight",
+        ]
+    )
