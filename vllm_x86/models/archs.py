@@ -367,9 +367,6 @@ ARCHS: tuple[Arch, ...] = (
         family="MiMo-V2-Flash",
         gain=8.0,
         hub_format="mimo_v2_flash",
-        known={
-            "*": "vLLM's mimo_v2.py gives layers whose v head dim differs from the qk head dim (MiMo-V2-Flash: 192/128) a DiffKV attention backend (FLASH_ATTN_DIFFKV, else TRITON_ATTN_DIFFKV); both are GPU kernels and Triton has no CPU backend here (AttributeError: module 'triton' has no attribute 'next_power_of_2'). With equal head dims the same tiny checkpoint passes both eager modes"
-        },
     ),
     # --- Gemma
     Arch(

@@ -14,6 +14,9 @@ or replaces ops. Three kinds of rows, one per mechanism vLLM offers a platform:
   ``x86``; ``X86Platform.get_default_ir_op_priority`` puts it before ``native``.
 - ``module``: after a model is loaded, every module of the named class has its class
   switched to a subclass with the plugin's mixin, when ``check`` accepts the module.
+- ``backend``: an attention backend of vLLM's registry (``AttentionBackendEnum``
+  member name) replaced with ``register_backend`` by the plugin's class, for backends
+  whose kernels have no CPU implementation in vLLM.
 
 Each kernel has a pure-torch reference (ops/reference.py) and tests against it
 (tests/unit/test_ops.py). Where a kernel cannot run, the reference runs and the plugin
@@ -32,8 +35,8 @@ logger = get_logger("ops")
 
 @dataclass(frozen=True)
 class Override:
-    kind: str  # "customop" | "ir" | "module"
-    target: str  # vLLM's "module:Class" (customop, module) or IR op name (ir)
+    kind: str  # "customop" | "ir" | "module" | "backend"
+    target: str  # vLLM's "module:Class" (customop, module), IR op name (ir), backend name
     impl: str  # the plugin's "module:Object"
     why: str
     check: str | None = None  # module rows: "module:function" -> None or reason not to
@@ -122,6 +125,14 @@ OVERRIDES: tuple[Override, ...] = (
         _QK_WHY,
         check=f"{_QK}:fusable",
     ),
+    # attention whose V head size differs from the Q/K one (MiMo-V2-Flash)
+    Override(
+        "backend",
+        "TRITON_ATTN_DIFFKV",
+        "vllm_x86.ops.diffkv_attention:X86DiffKVAttentionBackend",
+        "vLLM's DiffKV backends are GPU kernels (FlashAttention, Triton); the plugin's "
+        "runs the torch reference on the same packed cache",
+    ),
 )
 
 _installed: dict[str, type] = {}
@@ -185,6 +196,12 @@ def register_all() -> dict[str, type]:
             # user's custom_ops "+name"/"-name" settings apply to the override too.
             cls.name = vllm_name
         _installed[base.__name__] = cls
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    for row in OVERRIDES:
+        if row.kind == "backend":
+            register_backend(AttentionBackendEnum[row.target], row.impl.replace(":", "."))
+            _installed[row.target] = _load(row.impl)
     layernorm.register()
     logger.debug("vllm-x86: installed op overrides: %s", sorted(_installed))
     return _installed
