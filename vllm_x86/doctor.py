@@ -73,7 +73,15 @@ def _kernels(overrides) -> dict:
             and name != "RotaryEmbedding"
         ):
             continue  # the subclasses share RotaryEmbedding's kernel
-        label = {"customop": "CustomOp", "ir": "vLLM IR op", "module": "module"}[row.kind]
+        label = {
+            "customop": "CustomOp",
+            "ir": "vLLM IR op",
+            "module": "module",
+            "backend": "attention backend",
+        }[row.kind]
+        if row.kind == "backend":  # no C++ kernel: the torch reference runs
+            ops[f"{name} ({label})"] = "the plugin's torch reference (no C++ kernel yet)"
+            continue
         ops[f"{name} ({label})"] = (
             f"C++ {isa}" if ok else f"vLLM's reference ({kernels.load_error()})"
         )

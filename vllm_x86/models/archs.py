@@ -319,7 +319,7 @@ ARCHS: tuple[Arch, ...] = (
             **MLA,
         },
         known={
-            "*": "the Hub format and transformers 5.19 disagree on the zero experts: LongCat-Flash checkpoints hold weights for the routed experts only, and vLLM's longcat_flash.py maps those only; transformers' LongcatFlashExperts (modeling_longcat_flash.py:170) allocates gate_up_proj for n_routed_experts + zero_expert_num experts, so it saves gate/up weights for the zero (identity) experts (vLLM: KeyError layers.0.mlp.experts.8.gate_proj.weight) and cannot load a checkpoint without them (size mismatch 8 vs 12 experts); no one checkpoint serves both"
+            "*": "the Hub format and transformers 5.19 disagree on the zero experts: LongCat-Flash checkpoints hold weights for the routed experts only, and vLLM's longcat_flash.py maps those only; transformers' LongcatFlashExperts (modeling_longcat_flash.py:170) allocates gate_up_proj for n_routed_experts + zero_expert_num experts, so it saves gate/up weights for the zero (identity) experts (vLLM: KeyError layers.0.mlp.experts.10.gate_proj.weight; experts 8-11 are the zero ones here) and cannot load a checkpoint without them (size mismatch 8 vs 12 experts); no one checkpoint serves both"
         },
     ),
     # --- GLM
