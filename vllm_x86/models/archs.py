@@ -363,7 +363,9 @@ ARCHS: tuple[Arch, ...] = (
         "MiMoV2FlashForCausalLM",
         ("XiaomiMiMo/MiMo-V2-Flash",),
         "hybrid sliding/full attention with sinks, different v head dim, MoE",
-        {"head_dim": 64, "v_head_dim": 32, "num_hidden_layers": 3},
+        # qk 96 / v 64: the Hub's 192/128 halved, so that the 0.334 partial rotary
+        # factor gives an even rotary width (32) as the real one does (64)
+        {"head_dim": 96, "v_head_dim": 64, "num_hidden_layers": 3},
         family="MiMo-V2-Flash",
         gain=8.0,
         hub_format="mimo_v2_flash",
