@@ -165,7 +165,10 @@ def run_check(
             "config (code paths, not these weights)"
         )
         tcfg, gain = tiny_copy(model_dir, arch)
-        run_dir = tiny.build(arch, tcfg, gain=gain)
+        from vllm_x86.models.archs import BY_NAME as _rows
+
+        hub_format = _rows[arch].hub_format if arch in _rows else ""
+        run_dir = tiny.build(arch, tcfg, gain=gain, hub_format=hub_format)
         vocab = tiny.text_config(tcfg).vocab_size
         ref_cache = None
     else:

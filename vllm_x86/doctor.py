@@ -81,9 +81,13 @@ def _kernels(overrides) -> dict:
             "ir": "vLLM IR op",
             "layer": "PluggableLayer",
             "module": "module",
+            "backend": "attention backend",
         }[row.kind]
         if row.kind == "layer":  # ops/mamba.py: vectorized torch, no C++ kernel
             ops[f"{name} ({label})"] = "torch (float32)"
+            continue
+        if row.kind == "backend":  # no C++ kernel: the torch reference runs
+            ops[f"{name} ({label})"] = "the plugin's torch reference (no C++ kernel yet)"
             continue
         ops[f"{name} ({label})"] = (
             f"C++ {isa}" if ok else f"vLLM's reference ({kernels.load_error()})"

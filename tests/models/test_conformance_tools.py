@@ -207,3 +207,102 @@ def test_check_refuses_an_unknown_architecture():
 
     ok, lines, _ = stage_architecture({"architectures": ["NoSuchModelForCausalLM"]})
     assert not ok and "does not know" in " ".join(lines)
+
+
+def test_every_hub_format_names_a_rewrite():
+    from vllm_x86.models import formats
+
+    for a in ARCHS:
+        if a.hub_format:
+            assert a.hub_format in formats.REWRITES, a.name
+
+
+def test_hub_format_is_part_of_the_cache_key_only_where_used():
+    cfg = tiny.tiny_config("LlamaForCausalLM")
+    plain = tiny.config_hash(cfg)
+    assert tiny.config_hash(cfg, tiny.LAYER_GAIN, "") == plain
+    assert tiny.config_hash(cfg, tiny.LAYER_GAIN, "lfm2") != plain
+
+
+def _rewritten(tmp_path, name: str):
+    """The rewrite `name` applied to the tiny config of the row using it (config only)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from vllm_x86.models import formats
+
+    row = next(a for a in ARCHS if a.hub_format == name)
+    cfg = tiny.tiny_config(row.name, row.extra)
+    cfg.save_pretrained(str(tmp_path))
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
+    formats.rewrite(name, tmp_path)
+    return cfg, json.loads((tmp_path / "config.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["mimo_v2_flash", "lfm2", "hy_v3", "deepseek_v4"])
+def test_hub_format_keeps_what_transformers_reads(tmp_path, name):
+    """transformers reads the rewritten config.json as the config it saved: every field
+    the rewrite leaves alone (layer types, widths, rope) reads back the same."""
+    import transformers
+
+    cfg, d = _rewritten(tmp_path, name)
+    saved = cfg.to_dict()
+    again = transformers.AutoConfig.from_pretrained(str(tmp_path)).to_dict()
+    skip = {"transformers_version", "dtype", "_name_or_path"}
+    skip |= {k for k in d if d[k] != saved.get(k, object())}  # what the rewrite wrote
+    assert {k: again[k] for k in saved if k not in skip} == {
+        k: v for k, v in saved.items() if k not in skip
+    }
+
+
+def test_mimo_v2_flash_hub_fields(tmp_path):
+    cfg, d = _rewritten(tmp_path, "mimo_v2_flash")
+    assert d["hybrid_layer_pattern"] == [int(t == "sliding_attention") for t in cfg.layer_types]
+    assert d["moe_layer_freq"] == [int(t == "sparse") for t in cfg.mlp_layer_types]
+    assert d["swa_num_key_value_heads"] == 2 * cfg.num_key_value_heads  # as transformers
+    assert d["swa_v_head_dim"] == cfg.v_head_dim and d["swa_head_dim"] == cfg.head_dim
+    assert d["sliding_window_size"] == cfg.sliding_window
+    assert d["add_swa_attention_sink_bias"] and not d["add_full_attention_sink_bias"]
+    assert d["swa_rope_theta"] == cfg.rope_parameters["sliding_attention"]["rope_theta"]
+    assert d["rope_theta"] == cfg.rope_parameters["full_attention"]["rope_theta"]
+
+
+def test_lfm2_hub_fields(tmp_path):
+    cfg, d = _rewritten(tmp_path, "lfm2")
+    assert d["block_dim"] == d["conv_dim"] == d["conv_dim_out"] == cfg.hidden_size
+    assert d["full_attn_idxs"] == [1]
+
+
+def test_deepseek_v4_hub_layout(tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from vllm_x86.models import formats
+
+    cfg = tiny.tiny_config("DeepseekV4ForCausalLM", BY_NAME["DeepseekV4ForCausalLM"].extra)
+    cfg.save_pretrained(str(tmp_path))
+    names = [
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "model.hc_head.hc_fn",
+        "model.layers.0.attn.norm.weight",
+        "model.layers.0.attn.compressor.norm.weight",
+        "head.weight",
+    ]
+    save_file({n: torch.zeros(1) for n in names}, str(tmp_path / "model.safetensors"))
+    formats.rewrite("deepseek_v4", tmp_path)
+    d = json.loads((tmp_path / "config.json").read_text())
+    assert "layer_types" not in d and "mlp_layer_types" not in d
+    assert d["num_hash_layers"] == cfg.mlp_layer_types.count("hash_moe")
+    rate = {"heavily_compressed_attention": 128, "compressed_sparse_attention": 4}
+    assert d["compress_ratios"] == [rate[t] for t in cfg.layer_types]
+    assert sorted(load_file(str(tmp_path / "model.safetensors"))) == sorted(
+        [
+            "embed.weight",
+            "norm.weight",
+            "hc_head_fn",
+            "layers.0.attn.kv_norm.weight",
+            "layers.0.attn.compressor.norm.weight",
+            "head.weight",
+        ]
+    )

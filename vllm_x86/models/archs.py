@@ -30,6 +30,9 @@ class Arch:
     gain: float = 4.0  # tiny.LAYER_GAIN unless the embedding needs larger layers beside it
     skip: str = ""  # why the suite does not run it at all (a limit of the suite itself)
     engine: dict[str, Any] = field(default_factory=dict)  # extra vLLM engine arguments
+    # a rewrite in formats.py giving the tiny checkpoint the format of the real ones on
+    # the Hub, where transformers saves another one that vLLM does not read
+    hub_format: str = ""
 
 
 # MLA on vLLM CPU: the attention kernels are built for a latent cache of
@@ -252,8 +255,20 @@ ARCHS: tuple[Arch, ...] = (
         "DeepseekV4ForCausalLM",
         ("deepseek-ai/DeepSeek-V4-Flash",),
         "compressed sparse attention, hyper-connections, MoE",
+        # vLLM's DeepSeek-V4 caches are laid out for its real head sizes only
+        # (compressor.py: attention 512, indexer 128); its o-projection groups split
+        # the heads (cpu_sparse.py), so fewer groups than heads; 4 layers give
+        # hash-routed and score-routed MoE layers, HCA and CSA attention
+        {
+            "o_lora_rank": 32,
+            "o_groups": 2,
+            "head_dim": 512,
+            "index_head_dim": 128,
+            "num_hidden_layers": 4,
+        },
+        hub_format="deepseek_v4",
         known={
-            "*": "not checked: vLLM re-validates the config and rejects the 'hash_moe' mlp_layer_types that transformers 5.19 writes for DeepSeek-V4 (config formats disagree; not a CPU op)"
+            "*": "with the Hub's layout (formats.deepseek_v4) vLLM's CPU DeepSeek-V4 model builds and loads, then its first step stops in the sparse-SWA attention metadata builder (v1/attention/backends/mla/sparse_swa.py:610): compute_token_to_req_indices (v1/attention/ops/metadata.py:43) is a Triton kernel and Triton has no CPU backend here (TypeError: 'function' object is not subscriptable); the plugin's op table has no row kind for replacing such a function yet"
         },
     ),
     Arch(
@@ -297,12 +312,14 @@ ARCHS: tuple[Arch, ...] = (
         "MLA, shortcut-connected MoE with zero experts",
         {
             "zero_expert_type": "identity",
+            "zero_expert_num": 4,
+            "num_layers": 2,
             "mla_scale_q_lora": True,
             "mla_scale_kv_lora": True,
             **MLA,
         },
         known={
-            "*": "not checked: the checkpoint transformers 5.19 writes names the experts differently from what vLLM's LongCat-Flash loader expects (KeyError layers.0.mlp.experts.10.gate_proj.weight: zero experts)"
+            "*": "the Hub format and transformers 5.19 disagree on the zero experts: LongCat-Flash checkpoints hold weights for the routed experts only, and vLLM's longcat_flash.py maps those only; transformers' LongcatFlashExperts (modeling_longcat_flash.py:170) allocates gate_up_proj for n_routed_experts + zero_expert_num experts, so it saves gate/up weights for the zero (identity) experts (vLLM: KeyError layers.0.mlp.experts.10.gate_proj.weight; experts 8-11 are the zero ones here) and cannot load a checkpoint without them (size mismatch 8 vs 12 experts); no one checkpoint serves both"
         },
     ),
     # --- GLM
@@ -346,12 +363,12 @@ ARCHS: tuple[Arch, ...] = (
         "MiMoV2FlashForCausalLM",
         ("XiaomiMiMo/MiMo-V2-Flash",),
         "hybrid sliding/full attention with sinks, different v head dim, MoE",
-        {"head_dim": 64, "v_head_dim": 32, "num_hidden_layers": 3},
+        # qk 96 / v 64: the Hub's 192/128 halved, so that the 0.334 partial rotary
+        # factor gives an even rotary width (32) as the real one does (64)
+        {"head_dim": 96, "v_head_dim": 64, "num_hidden_layers": 3},
         family="MiMo-V2-Flash",
         gain=8.0,
-        known={
-            "*": "not checked: vLLM reads MiMo-V2-Flash's original config fields (hybrid_layer_pattern, swa_*), which transformers 5.19 does not write; the tiny checkpoint would need a hand-made config"
-        },
+        hub_format="mimo_v2_flash",
     ),
     # --- Gemma
     Arch(
@@ -519,7 +536,7 @@ ARCHS: tuple[Arch, ...] = (
         ("CohereLabs/command-a-moe",),
         "MoE, sliding window, parallel block",
         known={
-            "*": "not diagnosed yet: the first greedy token already differs in fp32 (decisive gap 1.87): vLLM's cohere2_moe and transformers read this config differently"
+            "*": "vLLM and transformers disagree on the sliding window's width: vLLM's cohere2_moe.py:213 gives sliding layers a window of sliding_window + 1 tokens ([pos - W, pos]), transformers' masking_utils.py:100 (sliding_window_overlay: kv_idx > q_idx - W) one of W tokens. Checked: transformers with sliding_window = W + 1 reproduces vLLM's fp32 output (first token 346, prompt log-prob difference 1.868, from position 17 on)"
         },
     ),
     Arch(
@@ -532,7 +549,7 @@ ARCHS: tuple[Arch, ...] = (
         },
         gain=8.0,
         known={
-            "*": "not diagnosed: vLLM does not load the expert weights of the checkpoint transformers 5.19 writes (KeyError blocks.0.ffn.experts.w13_weight)"
+            "*": "vLLM 0.32's DBRX loader is broken for every DBRX checkpoint (this one has the Hub's names, transformer.blocks.N.ffn.experts.mlp.w1/v1/w2): DbrxModel.load_weights (dbrx.py:397-406) maps them to blocks.N.ffn.experts.w13_weight / w2_weight, but since the MoE refactor FusedMoEFactory returns a MoERunner whose expert parameters live under experts.routed_experts.* (KeyError blocks.0.ffn.experts.w13_weight); not a checkpoint-format or CPU-op matter"
         },
     ),
     Arch(
@@ -545,9 +562,7 @@ ARCHS: tuple[Arch, ...] = (
         ("tencent/Hunyuan-V3",),
         "MoE with shared expert, q/k norms",
         {"expert_hidden_dim": 64, "route_norm": True, "first_k_dense_replace": 1},
-        known={
-            "*": "not checked: vLLM's HY-V3 loader expects other weight names than the checkpoint transformers 5.19 writes (KeyError layers.0.self_attn.k_norm.weight)"
-        },
+        hub_format="hy_v3",
     ),
     Arch(
         "HYV4ForCausalLM",
@@ -562,8 +577,18 @@ ARCHS: tuple[Arch, ...] = (
         "InklingForCausalLM",
         ("inkling/Inkling",),
         "hybrid sliding attention + conv, MoE",
+        {
+            "layer_types": ["hybrid_sliding", "hybrid"],
+            "swa_num_attention_heads": 4,
+            "swa_num_key_value_heads": 2,
+            "swa_head_dim": 32,
+        },
+        # vLLM defaults Inkling to its chat renderer, which wants a tokenizer with
+        # Inkling's special tokens even under skip_tokenizer_init; the suite sends
+        # token ids, so the plain renderer serves (the model's compute is the same)
+        engine={"tokenizer_mode": "hf"},
         known={
-            "*": "not checked: vLLM's Inkling model needs a tokenizer at start-up and the tiny checkpoints have none (a limit of the suite)"
+            "*": "the two InklingForCausalLM classes read different checkpoint formats: vLLM's (models/inkling/nvidia/model.py) reads the original text-only 'inkling_model' format (configs.py InklingModelConfig: padded_vocab_size, local_layer_ids, dense_mlp_idx; weights model.llm.*, attn.wq_du/wk_dv/wv_dv/wr_du, interleaved mlp.w13_dn), transformers 5.19 writes and reads 'inkling_text' with its own names and converts the original names only for the multimodal 'inkling_mm_model' checkpoints (conversion_mapping.py:179); vLLM stops at AttributeError: 'InklingTextConfig' object has no attribute 'padded_vocab_size'"
         },
     ),
     Arch(
@@ -621,7 +646,7 @@ ARCHS: tuple[Arch, ...] = (
         "sliding window with NoPE global layers",
         {"num_hidden_layers": 3, "sliding_window_pattern": 2},
         known={
-            "*": "not diagnosed yet: fp32 greedy tokens part at token 8 (gap 0.32), with prompt log-probs close: the sliding-window / NoPE layer pattern is the suspect"
+            "*": "vLLM and transformers disagree on the sliding window's width: vLLM's commandr.py:244 gives Cohere2's sliding layers a window of sliding_window + 1 tokens ([pos - W, pos], 'the training convention'), transformers' masking_utils.py:100 (sliding_window_overlay: kv_idx > q_idx - W) one of W tokens. Checked: transformers with sliding_window = W + 1 reproduces vLLM's fp32 output (token 8 = 340, prompt log-prob difference 0.598, from position 17 on)"
         },
     ),
     Arch(
@@ -680,14 +705,8 @@ ARCHS: tuple[Arch, ...] = (
         "Lfm2ForCausalLM",
         ("LiquidAI/LFM2-1.2B",),
         "short convolutions + attention",
-        {
-            "conv_dim": 128,
-            "num_hidden_layers": 3,
-            "layer_types": ["conv", "full_attention", "conv"],
-        },
-        known={
-            "*": "not checked: vLLM reads LFM2's original config fields (conv_dim, block_dim, ...) that transformers 5.19 does not write"
-        },
+        {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"]},
+        hub_format="lfm2",
     ),
     # --- state space and hybrids
     Arch(
@@ -751,9 +770,9 @@ ARCHS: tuple[Arch, ...] = (
             "mamba_headdim": 64,
             "chunk_size": 16,
             "adapter_rank": 8,
-        },
-        known={
-            "*": "not diagnosed yet: vLLM's Zamba2 loader narrows the shared attention's qkv weight to 256 rows where the checkpoint transformers 5.19 writes has 128 (attention_hidden_size = 2 x hidden)"
+            # Zamba2's shared attention has as many KV heads as query heads (as every
+            # Zyphra checkpoint); vLLM's zamba2.py builds it without GQA
+            "num_key_value_heads": 4,
         },
     ),
 )

@@ -73,7 +73,9 @@ class Prepared:
 def prepare(arch: Arch, root: Path | None = None) -> Prepared:
     try:
         cfg = tiny.tiny_config(arch.name, arch.extra)
-        model_dir = tiny.build(arch.name, cfg, root=root, gain=arch.gain)
+        model_dir = tiny.build(
+            arch.name, cfg, root=root, gain=arch.gain, hub_format=arch.hub_format
+        )
         prompt = tiny.prompt_ids(tiny.text_config(cfg).vocab_size)
     except Exception as e:  # reported as the case's failure, with the reason
         return Prepared(arch.name, "", [], error=f"transformers: {type(e).__name__}: {e}")

@@ -139,16 +139,17 @@ def tiny_config(arch: str, extra: dict[str, Any] | None = None):
     return cfg
 
 
-def config_hash(cfg, gain: float = LAYER_GAIN) -> str:
+def config_hash(cfg, gain: float = LAYER_GAIN, hub_format: str = "") -> str:
     import transformers
 
     d = cfg.to_dict()
     d.pop("transformers_version", None)
-    blob = json.dumps(
-        {"cfg": d, "seed": SEED, "gain": gain, "format": FORMAT, "tf": transformers.__version__},
-        sort_keys=True,
-        default=str,
-    )
+    key = {"cfg": d, "seed": SEED, "gain": gain, "format": FORMAT, "tf": transformers.__version__}
+    if hub_format:  # the rewrite's own code is part of what the checkpoint is
+        from vllm_x86.models import formats
+
+        key["hub_format"] = formats.fingerprint(hub_format)
+    blob = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -233,12 +234,18 @@ def _make_decisive(model, prompt: list[int]) -> None:
                     norm.bias.mul_(k)
 
 
-def build(arch: str, cfg, root: Path | None = None, gain: float = LAYER_GAIN) -> Path:
-    """Build (or find in the cache) the tiny checkpoint of `cfg`; return its directory."""
+def build(
+    arch: str, cfg, root: Path | None = None, gain: float = LAYER_GAIN, hub_format: str = ""
+) -> Path:
+    """Build (or find in the cache) the tiny checkpoint of `cfg`; return its directory.
+
+    `hub_format` names a rewrite in ``formats.py`` that turns what transformers saves
+    into the format of the architecture's real checkpoints on the Hub (the one vLLM
+    reads), where the two differ."""
     import torch
 
     root = root or tiny_root()
-    final = root / f"{arch}-{config_hash(cfg, gain)}"
+    final = root / f"{arch}-{config_hash(cfg, gain, hub_format)}"
     if (final / DONE).is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
@@ -251,6 +258,10 @@ def build(arch: str, cfg, root: Path | None = None, gain: float = LAYER_GAIN) ->
     with tempfile.TemporaryDirectory(prefix=f".{arch}-", dir=root) as tmp:
         out = Path(tmp) / "model"
         model.save_pretrained(str(out), safe_serialization=True)
+        if hub_format:
+            from vllm_x86.models import formats
+
+            formats.rewrite(hub_format, out)
         (out / DONE).write_text(json.dumps({"arch": arch, "seed": SEED}) + "\n")
         if final.exists():
             shutil.rmtree(final)

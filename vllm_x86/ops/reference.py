@@ -338,3 +338,78 @@ def causal_conv1d(
     if silu:
         out = F.silu(out)
     return out, xp[:, -(width - 1) :]
+
+def reshape_and_cache_diffkv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write each token's K and V into a packed DiffKV paged cache (the layout of vLLM's
+    ``triton_reshape_and_cache_flash_diffkv``): `kv_cache` is ``[num_blocks,
+    block_size, num_kv_heads, head_size + head_size_v]``, K in the first ``head_size``
+    channels, V after; slot -1 (padding) is skipped."""
+    block_size = kv_cache.shape[1]
+    hk = key.shape[-1]
+    n = slot_mapping.shape[0]
+    slots = slot_mapping[:n].to(torch.long)
+    keep = slots >= 0
+    slots = slots[keep]
+    blocks, offs = slots // block_size, slots % block_size
+    kv_cache[blocks, offs, :, :hk] = key[:n][keep].to(kv_cache.dtype)
+    kv_cache[blocks, offs, :, hk : hk + value.shape[-1]] = value[:n][keep].to(kv_cache.dtype)
+
+
+def paged_attention_diffkv(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    head_size_v: int,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+) -> None:
+    """Causal decoder attention over a packed DiffKV paged cache (the semantics of
+    vLLM's ``unified_attention_diffkv``), in float32.
+
+    `query` ``[num_tokens, num_heads, head_size]``, `kv_cache` ``[num_blocks,
+    block_size, num_kv_heads, head_size + head_size_v]``, `out` ``[num_tokens,
+    num_heads, head_size_v]``. The queries of request i are the last ones of its
+    ``seq_lens[i]`` tokens. A key is visible when it is not after the query and, with
+    ``window_left >= 0``, at most ``window_left`` positions before it. ``softcap > 0``
+    caps scores with ``softcap * tanh(s / softcap)``; `sinks` (one logit per head)
+    join the softmax's denominator only."""
+    num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+    hk = query.shape[-1]
+    num_heads = query.shape[1]
+    group = num_heads // num_kv_heads
+    starts = query_start_loc.tolist()
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        q0, q1 = starts[i], starts[i + 1]
+        if q1 <= q0:
+            continue
+        n_blocks = -(-seq_len // block_size)
+        kv = kv_cache[block_table[i, :n_blocks].to(torch.long)]
+        kv = kv.reshape(n_blocks * block_size, num_kv_heads, -1)[:seq_len].to(torch.float32)
+        k = kv[..., :hk].repeat_interleave(group, dim=1)  # [S, H, hk]
+        v = kv[..., hk : hk + head_size_v].repeat_interleave(group, dim=1)
+        q = query[q0:q1].to(torch.float32)  # [Q, H, hk]
+        s = torch.einsum("qhd,khd->hqk", q, k) * scale
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        qpos = torch.arange(seq_len - (q1 - q0), seq_len)[:, None]
+        kpos = torch.arange(seq_len)[None, :]
+        visible = kpos <= qpos
+        if window_left >= 0:
+            visible &= kpos >= qpos - window_left
+        s = s.masked_fill(~visible, float("-inf"))
+        if sinks is not None:
+            sink = sinks.to(torch.float32)[:, None, None].expand(-1, q1 - q0, 1)
+            p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            p = torch.softmax(s, dim=-1)
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", p, v).to(out.dtype)

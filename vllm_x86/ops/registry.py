@@ -2,7 +2,7 @@
 
 Every row names what it replaces in vLLM, with what, and why. Reading this file tells
 a newcomer all the plugin does to vLLM's math; nothing else in the code base registers
-or replaces ops. Five kinds of rows, one per mechanism vLLM offers a platform:
+or replaces ops. Six kinds of rows, one per mechanism vLLM offers a platform:
 
 - ``customop``: a CustomOp class replaced with ``CustomOp.register_oot`` by a subclass
   built from vLLM's class and the plugin's mixin (which provides ``forward_cpu``). The
@@ -21,6 +21,9 @@ or replaces ops. Five kinds of rows, one per mechanism vLLM offers a platform:
   modules hold theirs as ``.router``; routers are not modules): each router of the
   named class whose ``check`` accepts it has its class switched, to ``impl`` itself
   when that is already a subclass of vLLM's class.
+- ``backend``: an attention backend of vLLM's registry (``AttentionBackendEnum``
+  member name) replaced with ``register_backend`` by the plugin's class, for backends
+  whose kernels have no CPU implementation in vLLM.
 
 Each kernel has a pure-torch reference (ops/reference.py) and tests against it
 (tests/unit/test_ops.py). Where a kernel cannot run, the reference runs and the plugin
@@ -39,8 +42,10 @@ logger = get_logger("ops")
 
 @dataclass(frozen=True)
 class Override:
-    kind: str  # "customop" | "ir" | "layer" | "module" | "router"
-    target: str  # vLLM's "module:Class" (customop, layer, module, router) or IR op name (ir)
+    kind: str  # "customop" | "ir" | "layer" | "module" | "router" | "backend"
+    # vLLM's "module:Class" (customop, layer, module, router), IR op name (ir), or
+    # attention backend name (backend)
+    target: str
     impl: str  # the plugin's "module:Object"
     why: str
     # module and router rows: "module:function" -> None or reason not to
@@ -149,6 +154,14 @@ OVERRIDES: tuple[Override, ...] = (
         "expert groups, which vLLM's CPU router rejects (Laguna, MiniMax-M2)",
         check="vllm_x86.ops.moe_routing:needs_routing",
     ),
+    # attention whose V head size differs from the Q/K one (MiMo-V2-Flash)
+    Override(
+        "backend",
+        "TRITON_ATTN_DIFFKV",
+        "vllm_x86.ops.diffkv_attention:X86DiffKVAttentionBackend",
+        "vLLM's DiffKV backends are GPU kernels (FlashAttention, Triton); the plugin's "
+        "runs the torch reference on the same packed cache",
+    ),
 )
 
 _installed: dict[str, type] = {}
@@ -213,6 +226,12 @@ def register_all() -> dict[str, type]:
             # user's custom_ops "+name"/"-name" settings apply to the override too.
             cls.name = vllm_name
         _installed[base.__name__] = cls
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    for row in OVERRIDES:
+        if row.kind == "backend":
+            register_backend(AttentionBackendEnum[row.target], row.impl.replace(":", "."))
+            _installed[row.target] = _load(row.impl)
     layernorm.register()
     logger.debug("vllm-x86: installed op overrides: %s", sorted(_installed))
     return _installed
