@@ -73,7 +73,15 @@ def _kernels(overrides) -> dict:
             and name != "RotaryEmbedding"
         ):
             continue  # the subclasses share RotaryEmbedding's kernel
-        label = {"customop": "CustomOp", "ir": "vLLM IR op", "module": "module"}[row.kind]
+        label = {
+            "customop": "CustomOp",
+            "ir": "vLLM IR op",
+            "module": "module",
+            "layer": "PluggableLayer",
+        }[row.kind]
+        if not row.cpp:
+            ops[f"{name} ({label})"] = "PyTorch (the plugin's reference)"
+            continue
         ops[f"{name} ({label})"] = (
             f"C++ {isa}" if ok else f"vLLM's reference ({kernels.load_error()})"
         )

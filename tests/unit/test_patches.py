@@ -3,6 +3,7 @@ must not leak into the other tests' sys.modules)."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import textwrap
@@ -92,3 +93,18 @@ def test_vllm_qwen3_5_model_file_imports(torchvision_missing):
         """
     )
     assert "ok Qwen3_5ForCausalLM Qwen3_5MoeForCausalLM" in out
+
+
+def test_no_triton_allocator_is_scoped_to_the_block():
+    from vllm.triton_utils import HAS_TRITON
+
+    from vllm_x86 import patches
+
+    name = "vllm.model_executor.layers.mamba.gdn.olmo_gdn_linear_attn"
+    module = importlib.import_module(name)
+    original = module.set_triton_allocator
+    with patches.no_triton_allocator(name):
+        inside = module.set_triton_allocator
+        inside("cpu")  # no Triton needed
+    assert module.set_triton_allocator is original
+    assert (inside is original) == HAS_TRITON

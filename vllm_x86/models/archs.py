@@ -141,7 +141,6 @@ ARCHS: tuple[Arch, ...] = (
         },
         family="Qwen3-Next",
         known={
-            "fp32-eager": "vLLM's CPU Gated DeltaNet kernel runs bf16 only (gdn_attention.py: 'CPU GDN attention requires BF16')",
             "fp32-compiled": "vLLM's CPU Gated DeltaNet kernel runs bf16 only (gdn_attention.py: 'CPU GDN attention requires BF16')",
         },
     ),
@@ -185,6 +184,12 @@ ARCHS: tuple[Arch, ...] = (
             # with getattr(config, "output_gate_type", "silu") and rejects None
             # (qwen_gdn_linear_attn.py:565)
             "output_gate_type": "silu",
+        },
+        known={
+            "fp32-eager": "vLLM's Qwen4-Exp QSA (indexed sparse attention, every non-linear layer) is bf16 only: models/qwen4_exp/nvidia/indexer_qsa.py:112 raises 'Qwen4Exp QSA currently requires BF16'",
+            "bf16-eager": "vLLM's Qwen4-Exp QSA attention runs on FlashAttention only (models/qwen4_exp/nvidia/qsa.py:253: 'Qwen4Exp QSA requires FlashAttention'), which vLLM CPU does not have; a CPU QSA (indexer + sparse paged attention) is a new attention backend, not an op",
+            "fp32-compiled": "as fp32-eager: Qwen4-Exp QSA is bf16 only (indexer_qsa.py:112)",
+            "bf16-compiled": "as bf16-eager: Qwen4-Exp QSA needs FlashAttention (qsa.py:253)",
         },
     ),
     # --- DeepSeek and MLA
@@ -420,9 +425,6 @@ ARCHS: tuple[Arch, ...] = (
             "linear_key_head_dim": 128,
             "linear_value_head_dim": 128,
             "num_hidden_layers": 4,
-        },
-        known={
-            "*": "vLLM's OLMo-Hybrid linear attention calls Triton (triton.set_allocator) and the Triton here has no CPU backend"
         },
     ),
     Arch(

@@ -2,7 +2,7 @@
 
 Every row names what it replaces in vLLM, with what, and why. Reading this file tells
 a newcomer all the plugin does to vLLM's math; nothing else in the code base registers
-or replaces ops. Three kinds of rows, one per mechanism vLLM offers a platform:
+or replaces ops. Four kinds of rows, one per mechanism vLLM offers a platform:
 
 - ``customop``: a CustomOp class replaced with ``CustomOp.register_oot`` by a subclass
   built from vLLM's class and the plugin's mixin (which provides ``forward_cpu``). The
@@ -14,6 +14,11 @@ or replaces ops. Three kinds of rows, one per mechanism vLLM offers a platform:
   ``x86``; ``X86Platform.get_default_ir_op_priority`` puts it before ``native``.
 - ``module``: after a model is loaded, every module of the named class has its class
   switched to a subclass with the plugin's mixin, when ``check`` accepts the module.
+- ``layer``: a vLLM ``PluggableLayer`` class replaced with
+  ``PluggableLayer.register_oot`` by a subclass built from vLLM's class and the plugin's
+  mixin; vLLM then instantiates the subclass wherever a model builds the layer. These
+  rows are installed by the worker just before it builds the model
+  (``register_layers``), so processes that never build one do not import the layers.
 
 Each kernel has a pure-torch reference (ops/reference.py) and tests against it
 (tests/unit/test_ops.py). Where a kernel cannot run, the reference runs and the plugin
@@ -32,11 +37,12 @@ logger = get_logger("ops")
 
 @dataclass(frozen=True)
 class Override:
-    kind: str  # "customop" | "ir" | "module"
-    target: str  # vLLM's "module:Class" (customop, module) or IR op name (ir)
+    kind: str  # "customop" | "ir" | "module" | "layer"
+    target: str  # vLLM's "module:Class" (customop, module, layer) or IR op name (ir)
     impl: str  # the plugin's "module:Object"
     why: str
     check: str | None = None  # module rows: "module:function" -> None or reason not to
+    cpp: bool = True  # False: the plugin's implementation is PyTorch (its reference)
 
 
 _ROPE = "vllm.model_executor.layers.rotary_embedding"
@@ -122,9 +128,29 @@ OVERRIDES: tuple[Override, ...] = (
         _QK_WHY,
         check=f"{_QK}:fusable",
     ),
+    # Gated DeltaNet linear attention: Qwen3-Next, Qwen3.5 in float32; OLMo-Hybrid
+    Override(
+        "layer",
+        "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn:QwenGatedDeltaNetAttention",
+        "vllm_x86.ops.gdn:X86GatedDeltaNetMixin",
+        "vLLM's CPU GDN kernels are bf16 only (gdn_attention.py asserts 'CPU GDN "
+        "attention requires BF16'); float32 runs the plugin's float32 gated delta rule, "
+        "bf16 keeps vLLM's kernels",
+        cpp=False,
+    ),
+    Override(
+        "layer",
+        "vllm.model_executor.layers.mamba.gdn.olmo_gdn_linear_attn:OlmoHybridGatedDeltaNetAttention",
+        "vllm_x86.ops.gdn:X86OlmoHybridGatedDeltaNetMixin",
+        "vLLM's OLMo-Hybrid layer runs FLA Triton kernels only and sets a Triton allocator "
+        "when built; the Triton here has no CPU backend. The plugin's layer is built "
+        "without the allocator and runs the plugin's float32 gated delta rule",
+        cpp=False,
+    ),
 )
 
 _installed: dict[str, type] = {}
+_layers: dict[str, type] = {}
 _module_classes: dict[type, type] = {}
 
 
@@ -188,6 +214,33 @@ def register_all() -> dict[str, type]:
     layernorm.register()
     logger.debug("vllm-x86: installed op overrides: %s", sorted(_installed))
     return _installed
+
+
+def register_layers() -> None:
+    """Install the layer rows (idempotent), under the same conditions as register_all.
+    Called by X86Worker.load_model before vLLM builds the model."""
+    if not plugin_is_platform() or not ops_enabled():
+        return
+    for row in OVERRIDES:
+        if row.kind == "layer":
+            _register_layer(row)
+
+
+def _register_layer(row: Override) -> None:
+    from vllm.model_executor.custom_op import PluggableLayer, op_registry_oot
+
+    base = _load(row.target)
+    if base.__name__ in op_registry_oot:
+        _layers[base.__name__] = op_registry_oot[base.__name__]
+        return
+    cls = type(f"X86{base.__name__}", (_load(row.impl), base), {"__doc__": row.why})
+    vllm_name = getattr(base, "name", None)
+    # PluggableLayer.__new__ looks the replacement up by the class name
+    PluggableLayer.register_oot(_decorated_layer_cls=cls, name=base.__name__)
+    if vllm_name is not None:
+        cls.name = vllm_name  # register_oot renames it; keep vLLM's layer name
+    _layers[base.__name__] = cls
+    logger.debug("vllm-x86: installed layer override %s", cls.__name__)
 
 
 def ir_providers() -> dict[str, list[str]]:
