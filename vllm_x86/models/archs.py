@@ -267,7 +267,7 @@ ARCHS: tuple[Arch, ...] = (
             "layer_types": ["linear_attention", "full_attention"] * 2,
         },
         known={
-            "*": "vLLM's CPU platform fails to register its Triton kernel overrides for this model (triton_utils/dispatcher.py: '_lib_fn_wrapper' object has no attribute 'get')"
+            "*": "three missing pieces, in the order they stop it: (1) resolving the model class imports numba (kimi_k25_vision_fused.py:23, is_numba_available), so llvmlite is loaded when vLLM's CPU platform registers its Triton kernel overrides, and triton_utils/dispatcher.py:139 (vars(value).get) trips on llvmlite.binding.ffi.lib, whose __getattr__ serves '__dict__' as a C function ('_lib_fn_wrapper' object has no attribute 'get'; in-process engines, as the suite runs); (2) with a separate worker, models/kimi_k3/nvidia/model.py:184 imports a CUDA cute-dsl GEMM (VLLM_KIMI_K3_GEMM_AR defaults to 1: No module named 'cutlass'); (3) Kimi delta attention (models/kimi_k3/nvidia/kda.py, _forward) has FLA Triton / FlashInfer kernels only (chunk_kda_with_fused_gate, fused_recurrent_kda), no CPU path; fp32 would also need MLA in fp32, which vLLM CPU lacks"
         },
     ),
     Arch(
