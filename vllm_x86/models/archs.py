@@ -140,9 +140,6 @@ ARCHS: tuple[Arch, ...] = (
             "num_hidden_layers": 4,
         },
         family="Qwen3-Next",
-        known={
-            "fp32-compiled": "vLLM's CPU Gated DeltaNet kernel runs bf16 only (gdn_attention.py: 'CPU GDN attention requires BF16')",
-        },
     ),
     Arch(
         "Qwen3_5ForCausalLM",

@@ -1,5 +1,5 @@
 """Gated DeltaNet linear attention on CPU where vLLM has no kernel for it: Qwen3-Next /
-Qwen3.5 / Qwen4-Exp in float32, OLMo-Hybrid in every dtype.
+Qwen3.5 (and Qwen4-Exp's linear layers) in float32, OLMo-Hybrid in every dtype.
 
 vLLM's CPU path for ``QwenGatedDeltaNetAttention`` (``forward_cpu`` ->
 ``vllm.cpu_gdn_attention_core``, ``model_executor/layers/mamba/ops/cpu/
@@ -29,6 +29,8 @@ layer with that one call skipped (patches.no_triton_allocator) and replaces
 ``_forward_core`` with the same core as above (OLMo's gates double beta with
 ``linear_allow_neg_eigval``; its q/k come already expanded to the value heads); the
 projections, vLLM's custom op around the whole layer and the gated norm are vLLM's.
+It also hands vLLM's fused conv1d weight loader the q/k/v shard id where vLLM 0.32's
+weight mapper now puts it (see X86OlmoHybridGatedDeltaNetMixin.__init__).
 """
 
 from __future__ import annotations
@@ -135,11 +137,22 @@ class X86GatedDeltaNetMixin:
             _encode_layer_name,
         )
 
+        # the projections and their split as vLLM's forward_cpu does them
+        # (qwen_gdn_linear_attn.py:1099); prepare_gdn_attention_core_inputs would do the
+        # same under a nested torch.compile(fullgraph=True)
         assert not hasattr(self, "in_proj_qkv"), "lora isn't supported on CPU."
         num_tokens = hidden_states.size(0)
         mixed_qkvz, _ = self.in_proj_qkvz(hidden_states)
         ba, _ = self.in_proj_ba(hidden_states)
-        mixed_qkv, z, b, a = self.prepare_gdn_attention_core_inputs(mixed_qkvz, ba, num_tokens)
+        if self.gqa_interleaved_layout:  # Qwen3-Next
+            query, key, value, z, b, a = self.fix_query_key_value_ordering(mixed_qkvz, ba)
+            mixed_qkv = torch.cat([t.reshape(num_tokens, -1) for t in (query, key, value)], -1)
+        else:  # Qwen3.5: [q, k, v, z] and [b, a]
+            qkv_size = (self.key_dim * 2 + self.value_dim) // self.tp_size
+            z_size = self.value_dim // self.tp_size
+            mixed_qkv, z = mixed_qkvz.split([qkv_size, z_size], dim=-1)
+            z = z.reshape(num_tokens, -1, self.head_v_dim)
+            b, a = ba.chunk(2, dim=-1)
         core_attn_out = torch.zeros(
             (num_tokens, self.num_v_heads // self.tp_size, self.head_v_dim),
             dtype=hidden_states.dtype,
