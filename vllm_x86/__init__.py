@@ -39,13 +39,15 @@ def register() -> str | None:
 
 def register_ops() -> None:
     """``vllm.general_plugins`` entry point, called by vLLM in every process that
-    builds a model: registers the quantization methods and installs the op table
-    (ops/registry.py) when X86Platform is vLLM's platform, and does nothing otherwise."""
+    inspects or builds a model: installs the runtime patches (patches.py), registers
+    the quantization methods and installs the op table (ops/registry.py) when
+    X86Platform is vLLM's platform, and does nothing otherwise."""
     path, _ = platform_decision()
     if path is None:
         return
-    from vllm_x86 import quant
+    from vllm_x86 import patches, quant
     from vllm_x86.ops import registry
 
+    patches.apply_all()
     quant.register()
     registry.register_all()

@@ -73,21 +73,16 @@ def _kernels(overrides) -> dict:
             and name != "RotaryEmbedding"
         ):
             continue  # the subclasses share RotaryEmbedding's kernel
-        if row.kind == "router":  # PyTorch code, no kernel (ops/moe_routing.py)
-            ops[f"{name} (MoE router)"] = "PyTorch (the plugin's routing)"
-            continue
         label = {
             "customop": "CustomOp",
             "ir": "vLLM IR op",
             "layer": "PluggableLayer",
             "module": "module",
+            "router": "MoE router",
             "backend": "attention backend",
         }[row.kind]
-        if row.kind == "layer":  # ops/mamba.py: vectorized torch, no C++ kernel
-            ops[f"{name} ({label})"] = "torch (float32)"
-            continue
-        if row.kind == "backend":  # no C++ kernel: the torch reference runs
-            ops[f"{name} ({label})"] = "the plugin's torch reference (no C++ kernel yet)"
+        if not row.cpp:  # ops/mamba.py, gdn.py, moe_routing.py, diffkv_attention.py
+            ops[f"{name} ({label})"] = "PyTorch (the plugin's reference, no C++ kernel)"
             continue
         ops[f"{name} ({label})"] = (
             f"C++ {isa}" if ok else f"vLLM's reference ({kernels.load_error()})"

@@ -78,6 +78,9 @@ class X86Worker(CPUWorker):
         super().init_device()
 
     def load_model(self, *args, **kwargs) -> None:
+        from vllm_x86.ops import registry
+
+        registry.register_layers()  # the op table's layer rows, before the model is built
         t0 = time.perf_counter()
         super().load_model(*args, **kwargs)
         # vLLM's CPU runner logs no total; this one covers reading the weights and
@@ -85,8 +88,6 @@ class X86Worker(CPUWorker):
         # reads it.
         logger.info("model weights loaded in %.2f s", time.perf_counter() - t0)
         from vllm.config import set_current_vllm_config
-
-        from vllm_x86.ops import registry
 
         with set_current_vllm_config(self.vllm_config):
             registry.apply_module_overrides(self.model_runner.get_model())

@@ -306,3 +306,36 @@ def test_deepseek_v4_hub_layout(tmp_path):
             "head.weight",
         ]
     )
+
+
+def test_olmo_hybrid_tiny_checkpoint_has_the_released_layout(tmp_path):
+    """q/k/v convolutions split at the key and value widths (not in three equal parts),
+    the module's norm names, and transformers loads it back to the same weights."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    arch = BY_NAME["OlmoHybridForCausalLM"]
+    cfg = tiny.tiny_config(arch.name, arch.extra)
+    key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim
+    value_dim = cfg.linear_num_value_heads * cfg.linear_value_head_dim
+    assert key_dim != value_dim  # the case transformers' own save gets wrong
+    path = tiny.build(arch.name, cfg, root=tmp_path, gain=arch.gain)
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        shapes = {k: f.get_slice(k).get_shape()[0] for k in keys if "layers.0." in k}
+    assert shapes["model.layers.0.linear_attn.q_conv1d.weight"] == key_dim
+    assert shapes["model.layers.0.linear_attn.k_conv1d.weight"] == key_dim
+    assert shapes["model.layers.0.linear_attn.v_conv1d.weight"] == value_dim
+    assert "model.layers.0.input_layernorm.weight" in keys
+    assert not any(
+        "attention_layer_norm" in k or ".conv1d.weight" in k.replace("_conv1d", "") for k in keys
+    )
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    ref = tiny.model_class(arch.name)._from_config(cfg, dtype=torch.float32)
+    assert set(model.state_dict()) == set(ref.state_dict())
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        q = f.get_tensor("model.layers.0.linear_attn.q_conv1d.weight")
+        v = f.get_tensor("model.layers.0.linear_attn.v_conv1d.weight")
+    conv = model.state_dict()["model.layers.0.linear_attn.conv1d.weight"]
+    assert torch.equal(conv[:key_dim], q) and torch.equal(conv[2 * key_dim :], v)

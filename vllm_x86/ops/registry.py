@@ -12,9 +12,12 @@ or replaces ops. Six kinds of rows, one per mechanism vLLM offers a platform:
   ``custom_ops`` says otherwise.
 - ``ir``: an implementation of a vLLM IR op, registered under the provider name
   ``x86``; ``X86Platform.get_default_ir_op_priority`` puts it before ``native``.
-- ``layer``: a PluggableLayer class (a layer vLLM lets a platform replace whole, out of
-  tree) replaced with ``PluggableLayer.register_oot`` by a subclass built from vLLM's
-  class and the plugin's mixin, at the layer's construction.
+- ``layer``: a vLLM ``PluggableLayer`` class (a layer vLLM lets a platform replace
+  whole) replaced with ``PluggableLayer.register_oot`` by a subclass built from vLLM's
+  class and the plugin's mixin; vLLM then instantiates the subclass wherever a model
+  builds the layer. These rows are installed by the worker just before it builds the
+  model (``register_layers``), so processes that never build one do not import the
+  layers.
 - ``module``: after a model is loaded, every module of the named class has its class
   switched to a subclass with the plugin's mixin, when ``check`` accepts the module.
 - ``router``: the same for the MoE router objects of a loaded model (vLLM's MoE runner
@@ -50,6 +53,7 @@ class Override:
     why: str
     # module and router rows: "module:function" -> None or reason not to
     check: str | None = None
+    cpp: bool = True  # False: the plugin's implementation is PyTorch (no C++ kernel)
 
 
 _ROPE = "vllm.model_executor.layers.rotary_embedding"
@@ -129,6 +133,7 @@ OVERRIDES: tuple[Override, ...] = (
         "plugin's selective_scan_fwd runs instead), bf16 packs the conv weight its conv "
         "ops read unpacked, and decode passes a 3-D state to a 4-D state kernel "
         "(ops/mamba.py)",
+        cpp=False,
     ),
     # Qwen3 / Qwen3-MoE attention prologue
     Override(
@@ -153,6 +158,7 @@ OVERRIDES: tuple[Override, ...] = (
         "sigmoid top-k routing (optional correction bias for the choice only) without "
         "expert groups, which vLLM's CPU router rejects (Laguna, MiniMax-M2)",
         check="vllm_x86.ops.moe_routing:needs_routing",
+        cpp=False,
     ),
     # attention whose V head size differs from the Q/K one (MiMo-V2-Flash)
     Override(
@@ -161,10 +167,31 @@ OVERRIDES: tuple[Override, ...] = (
         "vllm_x86.ops.diffkv_attention:X86DiffKVAttentionBackend",
         "vLLM's DiffKV backends are GPU kernels (FlashAttention, Triton); the plugin's "
         "runs the torch reference on the same packed cache",
+        cpp=False,
+    ),
+    # Gated DeltaNet linear attention: Qwen3-Next, Qwen3.5 in float32; OLMo-Hybrid
+    Override(
+        "layer",
+        "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn:QwenGatedDeltaNetAttention",
+        "vllm_x86.ops.gdn:X86GatedDeltaNetMixin",
+        "vLLM's CPU GDN kernels are bf16 only (gdn_attention.py asserts 'CPU GDN "
+        "attention requires BF16'); float32 runs the plugin's float32 gated delta rule, "
+        "bf16 keeps vLLM's kernels",
+        cpp=False,
+    ),
+    Override(
+        "layer",
+        "vllm.model_executor.layers.mamba.gdn.olmo_gdn_linear_attn:OlmoHybridGatedDeltaNetAttention",
+        "vllm_x86.ops.gdn:X86OlmoHybridGatedDeltaNetMixin",
+        "vLLM's OLMo-Hybrid layer runs FLA Triton kernels only and sets a Triton allocator "
+        "when built; the Triton here has no CPU backend. The plugin's layer is built "
+        "without the allocator and runs the plugin's float32 gated delta rule",
+        cpp=False,
     ),
 )
 
 _installed: dict[str, type] = {}
+_layers: dict[str, type] = {}
 _module_classes: dict[type, type] = {}
 
 
@@ -198,12 +225,12 @@ _said_off = False
 
 
 def register_all() -> dict[str, type]:
-    """Install the customop, layer and ir rows (idempotent). Only when the plugin is vLLM's
+    """Install the customop and backend rows (idempotent; the layer rows: register_layers). Only when the plugin is vLLM's
     platform (with VLLM_X86_DISABLE=1, stock vLLM CPU runs untouched) and the op table
     is on (VLLM_X86_OPS)."""
     if _installed or not plugin_is_platform() or not ops_enabled():
         return _installed
-    from vllm.model_executor.custom_op import CustomOp, PluggableLayer, op_registry_oot
+    from vllm.model_executor.custom_op import CustomOp, op_registry_oot
 
     from vllm_x86.ops import kernels, layernorm
     from vllm_x86.ops.fallback import warn_fallback
@@ -211,7 +238,7 @@ def register_all() -> dict[str, type]:
     if not kernels.available():
         warn_fallback("every plugin kernel", kernels.load_error() or "no kernels")
     for row in OVERRIDES:
-        if row.kind not in ("customop", "layer"):
+        if row.kind != "customop":
             continue
         base = _load(row.target)
         if base.__name__ in op_registry_oot:
@@ -219,8 +246,7 @@ def register_all() -> dict[str, type]:
             continue
         cls = type(f"X86{base.__name__}", (_load(row.impl), base), {"__doc__": row.why})
         vllm_name = getattr(base, "name", None)
-        register = CustomOp if row.kind == "customop" else PluggableLayer
-        register.register_oot(cls, name=base.__name__)
+        CustomOp.register_oot(_decorated_op_cls=cls, name=base.__name__)
         if vllm_name is not None:
             # register_oot names the class after the key; keep vLLM's op name so the
             # user's custom_ops "+name"/"-name" settings apply to the override too.
@@ -235,6 +261,33 @@ def register_all() -> dict[str, type]:
     layernorm.register()
     logger.debug("vllm-x86: installed op overrides: %s", sorted(_installed))
     return _installed
+
+
+def register_layers() -> None:
+    """Install the layer rows (idempotent), under the same conditions as register_all.
+    Called by X86Worker.load_model before vLLM builds the model."""
+    if not plugin_is_platform() or not ops_enabled():
+        return
+    for row in OVERRIDES:
+        if row.kind == "layer":
+            _register_layer(row)
+
+
+def _register_layer(row: Override) -> None:
+    from vllm.model_executor.custom_op import PluggableLayer, op_registry_oot
+
+    base = _load(row.target)
+    if base.__name__ in op_registry_oot:
+        _layers[base.__name__] = op_registry_oot[base.__name__]
+        return
+    cls = type(f"X86{base.__name__}", (_load(row.impl), base), {"__doc__": row.why})
+    vllm_name = getattr(base, "name", None)
+    # PluggableLayer.__new__ looks the replacement up by the class name
+    PluggableLayer.register_oot(_decorated_layer_cls=cls, name=base.__name__)
+    if vllm_name is not None:
+        cls.name = vllm_name  # register_oot renames it; keep vLLM's layer name
+    _layers[base.__name__] = cls
+    logger.debug("vllm-x86: installed layer override %s", cls.__name__)
 
 
 def ir_providers() -> dict[str, list[str]]:
