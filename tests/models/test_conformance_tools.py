@@ -8,7 +8,7 @@ import json
 import pytest
 
 from vllm_x86.models import conformance as conf
-from vllm_x86.models import matrix, tiny
+from vllm_x86.models import formats, matrix, tiny
 from vllm_x86.models.archs import ARCHS, BY_NAME, MODES
 
 
@@ -224,6 +224,19 @@ def test_hub_format_is_part_of_the_cache_key_only_where_used():
     assert tiny.config_hash(cfg, tiny.LAYER_GAIN, "lfm2") != plain
 
 
+def test_module_names_start_is_part_of_the_cache_key(monkeypatch):
+    """A rewrite starting from the modules' weight names writes another checkpoint than
+    the same code starting from transformers' original format."""
+    from vllm_x86.models import formats
+
+    cfg = tiny.tiny_config("LlamaForCausalLM")
+    assert not formats.save_original_format("olmo_hybrid")
+    assert formats.save_original_format("lfm2")
+    before = tiny.config_hash(cfg, tiny.LAYER_GAIN, "lfm2")
+    monkeypatch.setattr(formats, "FROM_MODULE_NAMES", formats.FROM_MODULE_NAMES | {"lfm2"})
+    assert tiny.config_hash(cfg, tiny.LAYER_GAIN, "lfm2") != before
+
+
 def _rewritten(tmp_path, name: str):
     """The rewrite `name` applied to the tiny config of the row using it (config only)."""
     import torch
@@ -239,7 +252,7 @@ def _rewritten(tmp_path, name: str):
     return cfg, json.loads((tmp_path / "config.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["mimo_v2_flash", "lfm2", "hy_v3", "deepseek_v4"])
+@pytest.mark.parametrize("name", sorted(formats.REWRITES))
 def test_hub_format_keeps_what_transformers_reads(tmp_path, name):
     """transformers reads the rewritten config.json as the config it saved: every field
     the rewrite leaves alone (layer types, widths, rope) reads back the same."""
@@ -320,7 +333,8 @@ def test_olmo_hybrid_tiny_checkpoint_has_the_released_layout(tmp_path):
     key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim
     value_dim = cfg.linear_num_value_heads * cfg.linear_value_head_dim
     assert key_dim != value_dim  # the case transformers' own save gets wrong
-    path = tiny.build(arch.name, cfg, root=tmp_path, gain=arch.gain)
+    assert arch.hub_format == "olmo_hybrid"
+    path = tiny.build(arch.name, cfg, root=tmp_path, gain=arch.gain, hub_format=arch.hub_format)
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
         shapes = {k: f.get_slice(k).get_shape()[0] for k in keys if "layers.0." in k}

@@ -439,6 +439,7 @@ ARCHS: tuple[Arch, ...] = (
             "linear_value_head_dim": 128,
             "num_hidden_layers": 4,
         },
+        hub_format="olmo_hybrid",
     ),
     Arch(
         "GraniteForCausalLM",

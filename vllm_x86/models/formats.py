@@ -16,6 +16,13 @@ A rewrite is ``fn(config: dict, weights: dict[str, Tensor], out: Path) -> None``
 edits ``config`` (config.json) and ``weights`` (model.safetensors) in place; `out` is
 the checkpoint directory, for rewrites that add files. Rows of ``archs.py`` name it in
 ``hub_format``; its source is part of the tiny checkpoint's cache key.
+
+Most rewrites start from what ``save_pretrained`` writes by default (the "original"
+format of transformers' conversion mapping). A rewrite named in ``FROM_MODULE_NAMES``
+starts instead from the modules' own weight names (``save_original_format=False``),
+for checkpoints laid out neither as that mapping writes them nor as the modules name
+the weights; transformers still loads the result (its mapping converts what matches
+and keeps the rest).
 """
 
 from __future__ import annotations
@@ -121,18 +128,49 @@ def deepseek_v4(config: dict, weights: dict, out: Path) -> None:
             weights[new] = weights.pop(name)
 
 
+def olmo_hybrid(config: dict, weights: dict, out: Path) -> None:
+    """OLMo-Hybrid's released layout (allenai/Olmo-Hybrid-7B): separate q/k/v depthwise
+    convolutions (vLLM maps q_conv1d, k_conv1d, v_conv1d to shards 0/1/2 of its fused
+    conv1d, olmo_hybrid.py) under the modules' norm names input_layernorm /
+    post_attention_layernorm (vLLM has no mapping for the OLMo-core names
+    attention_layer_norm / feedforward_layer_norm that transformers' original format
+    writes), hence a start from the module names (FROM_MODULE_NAMES). transformers'
+    original format cannot be used: it splits the fused conv1d back into three equal
+    parts, wrong whenever the value width differs from the key width (it does by
+    default: value head dim = 2 x key head dim)."""
+    key_dim = config["linear_num_key_heads"] * config["linear_key_head_dim"]
+    value_dim = config["linear_num_value_heads"] * config["linear_value_head_dim"]
+    for name in [n for n in weights if n.endswith(".linear_attn.conv1d.weight")]:
+        q, k, v = weights.pop(name).split([key_dim, key_dim, value_dim], dim=0)
+        stem = name[: -len("conv1d.weight")]
+        weights[f"{stem}q_conv1d.weight"] = q
+        weights[f"{stem}k_conv1d.weight"] = k
+        weights[f"{stem}v_conv1d.weight"] = v
+
+
 REWRITES: dict[str, Callable[[dict, dict, Path], None]] = {
     "mimo_v2_flash": mimo_v2_flash,
     "lfm2": lfm2,
     "hy_v3": hy_v3,
     "deepseek_v4": deepseek_v4,
+    "olmo_hybrid": olmo_hybrid,
 }
+
+# rewrites that start from the modules' weight names (save_original_format=False)
+FROM_MODULE_NAMES: frozenset[str] = frozenset({"olmo_hybrid"})
+
+
+def save_original_format(name: str) -> bool:
+    """The ``save_original_format`` argument of ``save_pretrained`` the rewrite `name`
+    starts from (True: transformers' default; no rewrite: True)."""
+    return name not in FROM_MODULE_NAMES
 
 
 def fingerprint(name: str) -> str:
-    """What identifies a rewrite in the cache key: its name and source."""
+    """What identifies a rewrite in the cache key: its name, source and starting format."""
     fn = REWRITES[name]
-    return name + ":" + hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:12]
+    start = "" if save_original_format(name) else ":module-names"
+    return name + start + ":" + hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:12]
 
 
 def rewrite(name: str, out: Path) -> None:

@@ -36,40 +36,6 @@ TOP_K = 8  # best ids kept per greedy step of a reference (for the bf16 near-tie
 REF_FORMAT = 2
 DONE = ".vllm-x86-tiny.json"
 
-# Architectures whose released checkpoints (what vLLM's loader reads) are laid out
-# neither as transformers 5.19 saves by default (the "original" format of its
-# conversion mapping, conversion_mapping.py) nor as its modules name the weights: they
-# are saved with save_original_format=False (the modules' names) and then rewritten
-# by the function named here, which gets the tensors and the config. transformers
-# loads the result too (its mapping converts what matches and keeps the rest), so
-# the reference reads the same checkpoint.
-
-
-def _olmo_hybrid_layout(tensors: dict, cfg) -> dict:
-    """OLMo-Hybrid: separate q/k/v depthwise convolutions (vLLM maps q_conv1d,
-    k_conv1d, v_conv1d to shards 0/1/2 of its fused conv1d, olmo_hybrid.py) under the
-    module's norm names input_layernorm / post_attention_layernorm (vLLM has no
-    mapping for the OLMo-core names attention_layer_norm / feedforward_layer_norm that
-    transformers' original format writes). transformers' original format cannot be
-    used: it splits the fused conv1d back into three equal parts, wrong whenever the
-    value dimension differs from the key dimension (it does by default: value head
-    dim = 2 x key head dim)."""
-    key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim
-    value_dim = cfg.linear_num_value_heads * cfg.linear_value_head_dim
-    out = {}
-    for name, t in tensors.items():
-        if name.endswith(".linear_attn.conv1d.weight"):
-            q, k, v = t.split([key_dim, key_dim, value_dim], dim=0)
-            stem = name[: -len("conv1d.weight")]
-            out.update({f"{stem}q_conv1d.weight": q, f"{stem}k_conv1d.weight": k})
-            out[f"{stem}v_conv1d.weight"] = v
-        else:
-            out[name] = t
-    return out
-
-
-SAVED_LAYOUT = {"OlmoHybridForCausalLM": _olmo_hybrid_layout}
-
 # Generic small values, applied to a config only where its class has the attribute.
 # Widths keep head_dim at 32 (the smallest head size vLLM's CPU attention supports).
 GENERIC: dict[str, Any] = {
@@ -278,11 +244,10 @@ def build(
     reads), where the two differ."""
     import torch
 
+    from vllm_x86.models import formats
+
     root = root or tiny_root()
-    layout = SAVED_LAYOUT.get(arch)
     tag = config_hash(cfg, gain, hub_format)
-    if layout is not None:  # another layout, another checkpoint
-        tag = hashlib.sha256(f"{tag}{layout.__name__}".encode()).hexdigest()[:12]
     final = root / f"{arch}-{tag}"
     if (final / DONE).is_file():
         return final
@@ -295,31 +260,15 @@ def build(
     _make_decisive(model, prompt)
     with tempfile.TemporaryDirectory(prefix=f".{arch}-", dir=root) as tmp:
         out = Path(tmp) / "model"
-        if layout is None:
-            model.save_pretrained(str(out), safe_serialization=True)
-        else:
-            model.save_pretrained(str(out), safe_serialization=True, save_original_format=False)
-            _rewrite_saved(out, lambda tensors: layout(tensors, text_config(cfg)))
+        original = formats.save_original_format(hub_format) if hub_format else True
+        model.save_pretrained(str(out), safe_serialization=True, save_original_format=original)
         if hub_format:
-            from vllm_x86.models import formats
-
             formats.rewrite(hub_format, out)
         (out / DONE).write_text(json.dumps({"arch": arch, "seed": SEED}) + "\n")
         if final.exists():
             shutil.rmtree(final)
         os.replace(out, final)
     return final
-
-
-def _rewrite_saved(model_dir: Path, rewrite) -> None:
-    """Rewrite the tensors of the single safetensors file a tiny checkpoint has."""
-    from safetensors.torch import load_file, save_file
-
-    files = sorted(model_dir.glob("*.safetensors"))
-    if len(files) != 1 or (model_dir / "model.safetensors.index.json").exists():
-        raise RuntimeError(f"expected one safetensors file in {model_dir}, found {files}")
-    tensors = rewrite(load_file(str(files[0])))
-    save_file(tensors, str(files[0]), metadata={"format": "pt"})
 
 
 def text_config(cfg):
