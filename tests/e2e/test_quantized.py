@@ -87,6 +87,35 @@ def test_prepacked_equals_quantized_while_loading(tiny, tmp_path, bits, lm_head)
     assert prepacked["token_ids"] == on_the_fly["token_ids"]
 
 
+def test_cli_int4_default_is_gptq_and_serves(tiny, tmp_path):
+    """`vllm-x86 quantize --bits 4` calibrates (GPTQ) by default, says so while it
+    works, and its output serves; its codes differ from round-to-nearest ones."""
+    from safetensors import safe_open
+
+    from vllm_x86.quant.convert import quantize_checkpoint
+
+    out = tmp_path / "gptq"
+    r = subprocess.run(
+        [PYTHON, "-m", "vllm_x86.cli", "quantize", str(tiny), str(out), "--bits", "4"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=clean_env(),
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "GPTQ: calibrating on" in r.stdout and "serve it with" in r.stdout
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert cfg["method"] == "gptq" and cfg["quant_method"] == "x86_int4"
+    rtn = tmp_path / "rtn"
+    quantize_checkpoint(tiny, rtn, 4, method="rtn", progress=None)
+    key = "model.layers.0.mlp.down_proj.weight"
+    with safe_open(str(out / "model.safetensors"), "pt") as a:
+        with safe_open(str(rtn / "model.safetensors"), "pt") as b:
+            assert not torch.equal(a.get_tensor(key), b.get_tensor(key))
+    served = generate(out)
+    assert len(served["token_ids"][0]) == NEW_TOKENS
+
+
 def test_truncated_prepacked_checkpoint_is_refused(tiny, tmp_path):
     from vllm_x86.quant.convert import quantize_checkpoint
 

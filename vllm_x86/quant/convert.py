@@ -12,6 +12,11 @@ Each Linear weight is quantized and packed on its own, under its checkpoint name
 (methods.py, `_packed_param`). What is quantized is what `--quantization` quantizes on
 the fly: 2-D `.weight` tensors of the decoder layers whose shape the kernels take;
 MoE expert weights stay in the compute dtype (vLLM's fused-MoE layer runs them).
+
+INT4 codes are chosen by GPTQ by default (``--method gptq``, gptq.py): the converter
+first runs the checkpoint through transformers in float32 on a calibration text and
+then quantizes each layer with its inputs in view. ``--method rtn`` rounds each weight
+to the nearest code, as quantizing on the fly does (no calibration, seconds).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import time
 from pathlib import Path
 
 from vllm_x86.quant import format as qformat
+from vllm_x86.quant.gptq import quantize_int4_gptq
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
@@ -53,6 +59,8 @@ def quantize_checkpoint(
     zero_point: bool = True,
     force: bool = False,
     lm_head: bool = False,
+    method: str = "rtn",
+    calib_windows: int = 32,
     progress=print,
 ) -> dict:
     """Convert; returns the manifest. Raises ConvertError with a sentence for the user."""
@@ -69,6 +77,13 @@ def quantize_checkpoint(
         raise ConvertError(f"--bits must be 8 or 4, not {bits}")
     if bits == 4 and group_size not in (32, 64, 128):
         raise ConvertError(f"--group-size must be 32, 64 or 128, not {group_size}")
+    if method not in ("rtn", "gptq"):
+        raise ConvertError(f"--method must be gptq or rtn, not {method}")
+    if method == "gptq" and (bits != 4 or not zero_point):
+        raise ConvertError(
+            "--method gptq is for INT4 with zero points (--bits 4 without --symmetric); "
+            "use --method rtn"
+        )
     if not (src / "config.json").is_file():
         raise ConvertError(
             f"'{model_dir}' is not a model directory (no config.json); give the directory "
@@ -106,13 +121,15 @@ def quantize_checkpoint(
         except RuntimeError as e:
             raise ConvertError(str(e)) from None
 
+    t0 = time.monotonic()
+    hessians = _calibrate(src, calib_windows, progress) if method == "gptq" else {}
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    t0 = time.monotonic()
     quantized: list[str] = []
     kept: list[str] = []
+    done, n_gptq = 0, len(hessians)
     weight_map: dict[str, str] = {}
     in_bytes = 0
     for i, f in enumerate(files, 1):
@@ -146,7 +163,23 @@ def quantize_checkpoint(
                     tensors[module + ".weight_scale"] = scale
                 else:
                     g = m.effective_group_size(k, group_size)
-                    r = m.quantize_int4(t, g, zero_point)
+                    if method == "gptq":
+                        h = hessians.pop(module, None)
+                        if h is None:
+                            shutil.rmtree(tmp)
+                            raise ConvertError(
+                                f"GPTQ: calibration saw no inputs of {module} (a layer "
+                                "transformers names differently); use --method rtn"
+                            )
+                        r = quantize_int4_gptq(t, h, g)
+                        done += 1
+                        if done % 10 == 0:
+                            _say(
+                                progress,
+                                f"  GPTQ: {done}/{n_gptq} layers ({time.monotonic() - t0:.0f} s)",
+                            )
+                    else:
+                        r = m.quantize_int4(t, g, zero_point)
                     if kernel == "w4a16":
                         bw, bs, bz = m.pack_int4_w4a16(*r)
                     else:
@@ -187,6 +220,7 @@ def quantize_checkpoint(
         "bits": bits,
         "group_size": group_size if bits == 4 else None,
         "zero_point": bool(zero_point) if bits == 4 else False,
+        "method": method,
         "prepacked": True,
         "layout": layout,
         "format_version": qformat.FORMAT_VERSION,
@@ -201,6 +235,12 @@ def quantize_checkpoint(
             "quant_method": name,
             "written_by": f"vllm-x86 {__version__}",
             "source": str(src),
+            "method": method,
+            **(
+                {"calibration": f"{calib_windows} x 512 tokens of data/calib_text.txt"}
+                if method == "gptq"
+                else {}
+            ),
             "quantized_layers": len(quantized),
             "kept_layers": kept,
         },
@@ -214,3 +254,33 @@ def quantize_checkpoint(
         f"{time.monotonic() - t0:.1f} s; serve it with: vllm-x86 serve {out}",
     )
     return manifest
+
+
+def _calibrate(src: Path, windows: int, progress) -> dict:
+    """X^T X of every quantizable Linear layer's inputs (gptq.hessians), running the
+    checkpoint through transformers on the calibration text."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vllm_x86.quant import gptq
+
+    _say(progress, f"GPTQ: loading {src.name} with transformers for calibration")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(src))
+        # the checkpoint's own dtype (bf16: as much memory as the weights); the hooks
+        # accumulate X^T X in float32
+        model = AutoModelForCausalLM.from_pretrained(str(src), dtype="auto").eval()
+    except Exception as e:  # a checkpoint transformers cannot run
+        raise ConvertError(
+            f"GPTQ needs to run the model with transformers and could not load it "
+            f"({type(e).__name__}: {e}); use --method rtn"
+        ) from None
+    ids = gptq.calibration_ids(tok, windows, 512)
+    _say(progress, f"GPTQ: calibrating on {ids.numel()} tokens")
+    hs = gptq.hessians(
+        model,
+        ids,
+        lambda name: is_quantizable(name + ".weight", (0, 0)),
+        lambda msg: _say(progress, "  " + msg),
+    )
+    del model
+    return hs

@@ -13,7 +13,9 @@ Each variant runs in a fresh process with vLLM's LLM class (eager mode):
 Variants: bf16; x86_int8; x86_int4 (group 128, zero points: the defaults); -head: the LM
 head in INT8 too; x86_int8-w8a8 / x86_int4-w4a8: vLLM's kernels (8-bit activations);
 x86_int4-sym (symmetric groups), -g64, -g32; -wo: PyTorch's weight-only kernels on the
-same weights. Prints a markdown table; --json writes the raw numbers.
+same weights; x86_int4-gptq / x86_int4-rtn-prepacked: a directory `vllm-x86 quantize`
+writes first (GPTQ / round-to-nearest codes), served as it is. Prints a markdown table;
+--json writes the raw numbers.
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ VARIANTS: dict[str, tuple[str | None, dict[str, str]]] = {
     # the same weights through PyTorch's weight-only kernels (bf16 activations)
     "x86_int8-wo": ("x86_int8", {"VLLM_X86_QUANT_KERNEL": "torch"}),
     "x86_int4-wo": ("x86_int4", {"VLLM_X86_QUANT_KERNEL": "torch"}),
+}
+# variants served from a directory `vllm-x86 quantize` writes first (in a temporary
+# directory): converter arguments
+CONVERTED: dict[str, dict] = {
+    "x86_int4-gptq": {"bits": 4, "method": "gptq"},
+    "x86_int4-rtn-prepacked": {"bits": 4, "method": "rtn"},
 }
 
 
@@ -102,7 +110,21 @@ def _child(a: argparse.Namespace) -> None:
 
 
 def run_variant(model: str, name: str, window: int, prompts: int) -> dict:
+    if name in CONVERTED:
+        import tempfile
+
+        from vllm_x86.quant.convert import quantize_checkpoint
+
+        with tempfile.TemporaryDirectory(prefix="vllm-x86-quality-") as tmp:
+            out = Path(tmp) / name
+            say = lambda m: print(f"[quality] {m}", file=sys.stderr, flush=True)  # noqa: E731
+            quantize_checkpoint(model, out, progress=say, **CONVERTED[name])
+            return _run(str(out), None, {}, window, prompts, name)
     quant, env_extra = VARIANTS[name]
+    return _run(model, quant, env_extra, window, prompts, name)
+
+
+def _run(model, quant, env_extra, window, prompts, name) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_X86_QUANT")}
     env.update(env_extra)
     cmd = [
@@ -155,9 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         _child(a)
         return 0
     names = a.variants.split(",")
-    unknown = [n for n in names if n not in VARIANTS]
+    unknown = [n for n in names if n not in VARIANTS and n not in CONVERTED]
     if unknown:
-        ap.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+        ap.error(f"unknown variants {unknown}; choose from {', '.join([*VARIANTS, *CONVERTED])}")
     if "bf16" not in names:
         names.insert(0, "bf16")
     results = {}
