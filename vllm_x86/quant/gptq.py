@@ -4,7 +4,8 @@ Rounding each weight to its nearest INT4 code (``methods.quantize_int4``, "RTN")
 SmolLM2 about +30 % perplexity at group 128. GPTQ (Frantar et al., 2022) quantizes a
 layer's input channels one at a time and spreads each one's rounding error over the
 channels not yet quantized, weighted by the inverse Hessian of the layer's output error,
-``H = X^T X`` over calibration inputs X. Per group, the scale and zero point are those
+``H = X^T X`` over calibration inputs X; channels go in order of decreasing diag(H)
+(act order) with each group's scale fixed beforehand (static groups). Per group, the scale and zero point are those
 of a clipping search that minimises the rounding error weighted by ``diag(H)`` (how
 much each input channel carries), instead of the group's min and max.
 
@@ -33,6 +34,7 @@ from vllm_x86.quant.methods import _bf16_up
 CALIB_TEXT = Path(__file__).parent / "data" / "calib_text.txt"
 DAMP = 0.01  # share of mean(diag H) added to the diagonal (the GPTQ paper's value)
 CLIP = torch.linspace(1.0, 0.5, 21)  # range shrink factors the group search tries
+BLOCK = 128  # columns whose errors are spread within the block before the rest
 
 
 def calib_text() -> str:
@@ -58,7 +60,13 @@ def group_params(wg: torch.Tensor, imp: torch.Tensor) -> tuple[torch.Tensor, tor
 def quantize_int4_gptq(w: torch.Tensor, h: torch.Tensor, group_size: int):
     """GPTQ of one [N, K] weight given H [K, K] (float32, X^T X of its inputs).
     Returns what ``methods.quantize_int4`` returns for zero points: (q [N, K] int32
-    codes 0..15, scale [K/g, N] bf16, zero [K/g, N] int32)."""
+    codes 0..15, scale [K/g, N] bf16, zero [K/g, N] int32).
+
+    Columns go in the order of decreasing diag(H) ("act order": the channels that carry
+    most are rounded first, while the most columns are left to absorb their error).
+    Each group's scale and zero point are fixed before that, from the unmodified
+    weights ("static groups"), so groups stay runs of consecutive input channels, the
+    layout the kernels read."""
     n, k = w.shape
     if k % group_size:
         raise ValueError(f"K={k} is not a multiple of the group size {group_size}")
@@ -68,41 +76,49 @@ def quantize_int4_gptq(w: torch.Tensor, h: torch.Tensor, group_size: int):
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
     imp = torch.diag(h).clone()
-    h += DAMP * torch.mean(torch.diag(h)) * torch.eye(k)
-    # upper Cholesky factor of H^-1: row i holds the update weights for channel i
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     groups = k // group_size
-    q = torch.empty(n, k, dtype=torch.int32)
     scale = torch.empty(groups, n)
     zero = torch.empty(groups, n)
-    for gi in range(groups):  # one GPTQ block per group
+    for gi in range(groups):
         a, b = gi * group_size, (gi + 1) * group_size
-        s, z = group_params(w[:, a:b], imp[a:b])
-        scale[gi], zero[gi] = s, z
-        codes, err = _block(w[:, a:b].numpy(), hinv[a:b, a:b].numpy(), s.numpy(), z.numpy())
+        scale[gi], zero[gi] = group_params(w[:, a:b], imp[a:b])
+    perm = torch.argsort(imp, descending=True, stable=True)
+    w, h = w[:, perm], h[perm][:, perm]
+    h += DAMP * torch.mean(torch.diag(h)) * torch.eye(k)
+    # upper Cholesky factor of H^-1: row i holds the update weights for column i
+    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    group_of = perm // group_size  # each permuted column's group
+    s_col = scale[group_of].t().contiguous().numpy()  # [N, K]: per column
+    z_col = zero[group_of].t().contiguous().numpy()
+    q = torch.empty(n, k, dtype=torch.int32)
+    for a in range(0, k, BLOCK):
+        b = min(a + BLOCK, k)
+        codes, err = _block(w[:, a:b].numpy(), hinv[a:b, a:b].numpy(), s_col[:, a:b], z_col[:, a:b])
         q[:, a:b] = torch.from_numpy(codes)
-        if b < k:
+        if b < k:  # the block's errors onto every later column at once
             w[:, b:].addmm_(torch.from_numpy(err), hinv[a:b, b:], alpha=-1.0)
+    q = q[:, torch.argsort(perm)]
     return q, scale.to(torch.bfloat16), zero.to(torch.int32)
 
 
 def _block(wb: np.ndarray, hb: np.ndarray, s: np.ndarray, z: np.ndarray):
-    """One group's columns, one at a time: round to a code, then move the rounding
-    error onto the group's later columns (row i of the inverse Hessian's Cholesky
-    factor). Returns the codes (int32) and the scaled errors for the later groups.
-    NumPy: per column these are a handful of small vector operations, where torch's
-    per-call overhead would be most of the time."""
+    """A block of columns, one at a time: round to a code (with that column's scale and
+    zero point, `s`/`z` [N, B]), then move the rounding error onto the block's later
+    columns (row i of the inverse Hessian's Cholesky factor). Returns the codes (int32)
+    and the scaled errors for the later blocks. NumPy: per column these are a handful
+    of small vector operations, where torch's per-call overhead would be most of the
+    time."""
     wb = wb.copy()
-    n, g = wb.shape
-    codes = np.empty((n, g), dtype=np.int32)
-    err = np.empty((n, g), dtype=np.float32)
-    for i in range(g):
+    n, cols = wb.shape
+    codes = np.empty((n, cols), dtype=np.int32)
+    err = np.empty((n, cols), dtype=np.float32)
+    for i in range(cols):
         col = wb[:, i]
-        code = np.clip(np.rint(col / s) + z, 0, 15)
+        code = np.clip(np.rint(col / s[:, i]) + z[:, i], 0, 15)
         codes[:, i] = code
-        e = (col - (code - z) * s) / hb[i, i]
+        e = (col - (code - z[:, i]) * s[:, i]) / hb[i, i]
         err[:, i] = e
-        if i + 1 < g:
+        if i + 1 < cols:
             wb[:, i + 1 :] -= np.outer(e, hb[i, i + 1 :])
     return codes, err
 
