@@ -265,7 +265,6 @@ def _calibrate(src: Path, windows: int, progress) -> dict:
 
     _say(progress, f"GPTQ: loading {src.name} with transformers for calibration")
     try:
-        tok = AutoTokenizer.from_pretrained(str(src))
         # the checkpoint's own dtype (bf16: as much memory as the weights); the hooks
         # accumulate X^T X in float32
         model = AutoModelForCausalLM.from_pretrained(str(src), dtype="auto").eval()
@@ -273,6 +272,20 @@ def _calibrate(src: Path, windows: int, progress) -> dict:
         raise ConvertError(
             f"GPTQ needs to run the model with transformers and could not load it "
             f"({type(e).__name__}: {e}); use --method rtn"
+        ) from None
+    need = gptq.hessian_bytes(model, lambda name: is_quantizable(name + ".weight", (0, 0)))
+    free = _available_memory()
+    if need > 0.8 * free:
+        raise ConvertError(
+            f"GPTQ keeps X^T X of every layer's inputs: {need / 2**30:.1f} GiB for this "
+            f"model, and {free / 2**30:.1f} GiB of memory is available; use --method rtn"
+        )
+    try:
+        tok = AutoTokenizer.from_pretrained(str(src))
+    except Exception as e:
+        raise ConvertError(
+            f"GPTQ needs the model's tokenizer for its calibration text and could not load "
+            f"it ({type(e).__name__}: {e}); use --method rtn"
         ) from None
     ids = gptq.calibration_ids(tok, windows, 512)
     _say(progress, f"GPTQ: calibrating on {ids.numel()} tokens")
@@ -284,3 +297,9 @@ def _calibrate(src: Path, windows: int, progress) -> dict:
     )
     del model
     return hs
+
+
+def _available_memory() -> int:
+    import psutil
+
+    return psutil.virtual_memory().available

@@ -158,6 +158,15 @@ def hessians(
     return hs
 
 
+def hessian_bytes(model, wanted: Callable[[str], bool]) -> int:
+    """Memory `hessians` will hold for `model`: a float32 K x K matrix per Linear."""
+    return sum(
+        4 * mod.in_features**2
+        for name, mod in model.named_modules()
+        if isinstance(mod, torch.nn.Linear) and wanted(name)
+    )
+
+
 def calibration_ids(tokenizer, windows: int, window: int) -> torch.Tensor:
     """`windows` rows of `window` token ids from the calibration text (fewer if the
     text is shorter)."""
