@@ -191,7 +191,6 @@ OVERRIDES: tuple[Override, ...] = (
 )
 
 _installed: dict[str, type] = {}
-_layers: dict[str, type] = {}
 _module_classes: dict[type, type] = {}
 
 
@@ -225,12 +224,12 @@ _said_off = False
 
 
 def register_all() -> dict[str, type]:
-    """Install the customop and backend rows (idempotent; the layer rows: register_layers). Only when the plugin is vLLM's
-    platform (with VLLM_X86_DISABLE=1, stock vLLM CPU runs untouched) and the op table
-    is on (VLLM_X86_OPS)."""
+    """Install the customop and backend rows (idempotent; the layer rows are
+    register_layers'). Only when the plugin is vLLM's platform (with VLLM_X86_DISABLE=1,
+    stock vLLM CPU runs untouched) and the op table is on (VLLM_X86_OPS)."""
     if _installed or not plugin_is_platform() or not ops_enabled():
         return _installed
-    from vllm.model_executor.custom_op import CustomOp, op_registry_oot
+    from vllm.model_executor.custom_op import CustomOp
 
     from vllm_x86.ops import kernels, layernorm
     from vllm_x86.ops.fallback import warn_fallback
@@ -238,20 +237,8 @@ def register_all() -> dict[str, type]:
     if not kernels.available():
         warn_fallback("every plugin kernel", kernels.load_error() or "no kernels")
     for row in OVERRIDES:
-        if row.kind != "customop":
-            continue
-        base = _load(row.target)
-        if base.__name__ in op_registry_oot:
-            _installed[base.__name__] = op_registry_oot[base.__name__]
-            continue
-        cls = type(f"X86{base.__name__}", (_load(row.impl), base), {"__doc__": row.why})
-        vllm_name = getattr(base, "name", None)
-        CustomOp.register_oot(_decorated_op_cls=cls, name=base.__name__)
-        if vllm_name is not None:
-            # register_oot names the class after the key; keep vLLM's op name so the
-            # user's custom_ops "+name"/"-name" settings apply to the override too.
-            cls.name = vllm_name
-        _installed[base.__name__] = cls
+        if row.kind == "customop":
+            _installed[row.target.split(":")[1]] = _register_oot(row, CustomOp)
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     for row in OVERRIDES:
@@ -268,26 +255,30 @@ def register_layers() -> None:
     Called by X86Worker.load_model before vLLM builds the model."""
     if not plugin_is_platform() or not ops_enabled():
         return
+    from vllm.model_executor.custom_op import PluggableLayer
+
     for row in OVERRIDES:
         if row.kind == "layer":
-            _register_layer(row)
+            _register_oot(row, PluggableLayer)
 
 
-def _register_layer(row: Override) -> None:
-    from vllm.model_executor.custom_op import PluggableLayer, op_registry_oot
+def _register_oot(row: Override, registry: type) -> type:
+    """A customop or layer row: vLLM's class + the plugin's mixin, registered out of
+    tree with `registry` (CustomOp or PluggableLayer, which look the replacement up by
+    vLLM's class name), once. Returns the class vLLM will build."""
+    from vllm.model_executor.custom_op import op_registry_oot
 
     base = _load(row.target)
     if base.__name__ in op_registry_oot:
-        _layers[base.__name__] = op_registry_oot[base.__name__]
-        return
+        return op_registry_oot[base.__name__]
     cls = type(f"X86{base.__name__}", (_load(row.impl), base), {"__doc__": row.why})
     vllm_name = getattr(base, "name", None)
-    # PluggableLayer.__new__ looks the replacement up by the class name
-    PluggableLayer.register_oot(_decorated_layer_cls=cls, name=base.__name__)
+    registry.register_oot(cls, name=base.__name__)
     if vllm_name is not None:
-        cls.name = vllm_name  # register_oot renames it; keep vLLM's layer name
-    _layers[base.__name__] = cls
-    logger.debug("vllm-x86: installed layer override %s", cls.__name__)
+        # register_oot names the class after the key; keep vLLM's name so the user's
+        # custom_ops "+name"/"-name" settings apply to the override too.
+        cls.name = vllm_name
+    return cls
 
 
 def ir_providers() -> dict[str, list[str]]:
