@@ -108,49 +108,23 @@ def test_calibration_text_is_not_the_evaluation_text():
     assert sample not in calib
 
 
-def test_converter_refuses_gptq_when_the_hessians_do_not_fit(tmp_path, monkeypatch):
+def test_converter_refuses_gptq_when_the_hessians_do_not_fit(tiny_bf16, tmp_path, monkeypatch):
     """A model whose X^T X matrices would not fit in memory gets a sentence naming
     --method rtn, before any calibration runs, and no output directory."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
     from vllm_x86.quant import convert
     from vllm_x86.quant.convert import ConvertError, quantize_checkpoint
 
-    cfg = LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=512,
-    )
-    cfg.architectures = ["LlamaForCausalLM"]
-    src = tmp_path / "bf16"
-    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(str(src))
-    (src / "tokenizer_config.json").write_text("{}\n")
     monkeypatch.setattr(convert, "_available_memory", lambda: 100_000)
     with pytest.raises(ConvertError, match="--method rtn") as e:
-        quantize_checkpoint(src, tmp_path / "out", 4, method="gptq", progress=None)
+        quantize_checkpoint(tiny_bf16, tmp_path / "out", 4, method="gptq", progress=None)
     assert "GiB for this model" in str(e.value)
     assert not (tmp_path / "out").exists()
 
 
-def test_converter_gptq_without_a_tokenizer_says_so(tmp_path):
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
+def test_converter_gptq_without_a_tokenizer_says_so(tiny_bf16, tmp_path):
+    """tiny_bf16's tokenizer_config.json names no tokenizer transformers can build."""
     from vllm_x86.quant.convert import ConvertError, quantize_checkpoint
 
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=256,
-    )
-    cfg.architectures = ["LlamaForCausalLM"]
-    src = tmp_path / "bf16"
-    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(str(src))
     with pytest.raises(ConvertError, match="(?s)needs the model.s tokenizer.*--method rtn"):
-        quantize_checkpoint(src, tmp_path / "out", 4, method="gptq", progress=None)
+        quantize_checkpoint(tiny_bf16, tmp_path / "out", 4, method="gptq", progress=None)
     assert not (tmp_path / "out").exists()

@@ -281,30 +281,6 @@ def test_format_version_and_layout_mismatch_are_clear_errors():
 # ------------------------------------------------------------------ converter
 
 
-@pytest.fixture(scope="module")
-def tiny_bf16(tmp_path_factory):
-    """A 2-layer random Llama in bf16 whose shapes the kernels take."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    cfg = LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        vocab_size=512,
-        tie_word_embeddings=True,
-    )
-    cfg.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    out = tmp_path_factory.mktemp("tiny") / "bf16"
-    model.save_pretrained(str(out))
-    (out / "tokenizer_config.json").write_text("{}\n")
-    return out
-
-
 @needs_amx
 @pytest.mark.parametrize("bits", [8, 4])
 def test_converter_writes_a_prepacked_checkpoint(tiny_bf16, tmp_path, bits):
