@@ -3,7 +3,15 @@ the prepacked checkpoint format (format.py) and the offline converter (convert.p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 _registered = False
+
+
+def shipped_text(name: str) -> str:
+    """A text file of quant/data/ without its "# " header lines (source and licence)."""
+    lines = (Path(__file__).parent / "data" / name).read_text().splitlines(keepends=True)
+    return "".join(ln for ln in lines if not ln.startswith("# "))
 
 
 def register() -> None:

@@ -24,22 +24,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from vllm_x86.quant import shipped_text
 from vllm_x86.quant.methods import _bf16_up
 
-CALIB_TEXT = Path(__file__).parent / "data" / "calib_text.txt"
 DAMP = 0.01  # share of mean(diag H) added to the diagonal (the GPTQ paper's value)
 CLIP = torch.linspace(1.0, 0.5, 21)  # range shrink factors the group search tries
 BLOCK = 128  # columns whose errors are spread within the block before the rest
 
 
 def calib_text() -> str:
-    lines = CALIB_TEXT.read_text().splitlines(keepends=True)
-    return "".join(ln for ln in lines if not ln.startswith("# "))
+    return shipped_text("calib_text.txt")
 
 
 def group_params(wg: torch.Tensor, imp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,7 +28,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-TEXT = Path(__file__).parent / "data" / "eval_text.txt"
 NEW_TOKENS = 32
 
 VARIANTS: dict[str, tuple[str | None, dict[str, str]]] = {
@@ -57,8 +56,9 @@ CONVERTED: dict[str, dict] = {
 
 
 def eval_text() -> str:
-    lines = TEXT.read_text().splitlines(keepends=True)
-    return "".join(ln for ln in lines if not ln.startswith("# "))
+    from vllm_x86.quant import shipped_text
+
+    return shipped_text("eval_text.txt")
 
 
 def _child(a: argparse.Namespace) -> None:
@@ -117,11 +117,14 @@ def run_variant(model: str, name: str, window: int, prompts: int) -> dict:
 
         with tempfile.TemporaryDirectory(prefix="vllm-x86-quality-") as tmp:
             out = Path(tmp) / name
-            say = lambda m: print(f"[quality] {m}", file=sys.stderr, flush=True)  # noqa: E731
-            quantize_checkpoint(model, out, progress=say, **CONVERTED[name])
+            quantize_checkpoint(model, out, progress=_say, **CONVERTED[name])
             return _run(str(out), None, {}, window, prompts, name)
     quant, env_extra = VARIANTS[name]
     return _run(model, quant, env_extra, window, prompts, name)
+
+
+def _say(msg: str) -> None:
+    print(f"[quality] {msg}", file=sys.stderr, flush=True)
 
 
 def _run(model, quant, env_extra, window, prompts, name) -> dict:
