@@ -88,6 +88,13 @@ SETTINGS: tuple[Setting, ...] = (
         "VLLM_WORKER_MULTIPROC_METHOD says.",
     ),
     Setting(
+        "VLLM_X86_KV_ZERO_PAGES",
+        "1",
+        "The worker allocates vLLM's KV cache from fresh zero pages of an anonymous "
+        "mapping (zero by definition, faulted in as the cache fills) instead of writing "
+        "zeros over all of it at start-up (kv_alloc.py); 0: vLLM's torch.zeros.",
+    ),
+    Setting(
         "VLLM_X86_DAEMON_DIR",
         "<VLLM_X86_CACHE_DIR>/daemon",
         "Where the standby daemon keeps its pid file, state file (control port) and logs "

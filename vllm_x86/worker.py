@@ -22,7 +22,7 @@ from vllm.utils.mem_utils import format_gib
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
-from vllm_x86 import hardware
+from vllm_x86 import envs, hardware
 from vllm_x86.log import get_logger
 
 logger = get_logger("worker")
@@ -98,6 +98,16 @@ class X86Worker(CPUWorker):
 
         compile_cache.seal_after_warmup(self.vllm_config)  # see compile_cache.py
         return out
+
+    def _maybe_get_memory_pool_context(self, tag: str):
+        # vLLM enters this context around its KV cache allocation (tag "kv_cache"):
+        # the cache comes from fresh zero pages instead of a start-up memset
+        # (kv_alloc.py).
+        if tag == "kv_cache" and envs.get_bool("VLLM_X86_KV_ZERO_PAGES"):
+            from vllm_x86.kv_alloc import fresh_zero_pages
+
+            return fresh_zero_pages()
+        return super()._maybe_get_memory_pool_context(tag)
 
     def determine_available_memory(self) -> int:
         if self._should_warm_up_model():
