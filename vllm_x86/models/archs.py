@@ -209,10 +209,6 @@ ARCHS: tuple[Arch, ...] = (
             "topk_method": "greedy",
         },
         family="DeepSeek-V2/V3",
-        known={
-            "fp32-eager": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
-            "fp32-compiled": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
-        },
     ),
     Arch(
         "DeepseekV3ForCausalLM",
@@ -226,10 +222,6 @@ ARCHS: tuple[Arch, ...] = (
             "topk_group": 1,
         },
         family="DeepSeek-V2/V3",
-        known={
-            "fp32-eager": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
-            "fp32-compiled": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
-        },
     ),
     Arch(
         "DeepseekV32ForCausalLM",
@@ -287,10 +279,6 @@ ARCHS: tuple[Arch, ...] = (
         ("skt/A.X-K1",),
         "MLA, MoE with shared expert",
         {"first_k_dense_replace": 0, **MLA, "n_group": 2, "topk_group": 1},
-        known={
-            "fp32-eager": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
-            "fp32-compiled": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
-        },
     ),
     Arch(
         "MiniCPM3ForCausalLM",
@@ -340,10 +328,6 @@ ARCHS: tuple[Arch, ...] = (
         {"first_k_dense_replace": 1, **MLA},
         family="GLM-4-MoE",
         gain=8.0,
-        known={
-            "fp32-eager": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
-            "fp32-compiled": "vLLM's AMX MLA attention kernel takes bf16/fp16/int8 weights only (RuntimeError: expect weight to be bfloat16, float16, int8, ...); fp32 MLA models do not run on this CPU",
-        },
     ),
     Arch(
         "GlmMoeDsaForCausalLM",
