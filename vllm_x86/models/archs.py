@@ -86,9 +86,6 @@ ARCHS: tuple[Arch, ...] = (
         "ApertusForCausalLM",
         ("swiss-ai/Apertus-8B-Instruct-2509",),
         "xIELU activation, q/k norms",
-        known={
-            "fp32-eager": "not diagnosed yet: tokens equal, but fp32 log-probs differ by up to 4.2e-3 (tolerance 2e-3); the xIELU activation is the part transformers computes with its own Python fallback"
-        },
     ),
     Arch(
         "HyperCLOVAXForCausalLM",

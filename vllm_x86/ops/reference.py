@@ -77,6 +77,23 @@ def gelu_tanh_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
     _act_and_mul(out, input, lambda x: F.gelu(x, approximate="tanh"))
 
 
+def xielu(
+    x: torch.Tensor,
+    alpha_p: torch.Tensor,
+    alpha_n: torch.Tensor,
+    beta: torch.Tensor,
+    eps: torch.Tensor,
+) -> torch.Tensor:
+    """xIELU (arXiv 2411.13010) as transformers' ``XIELUActivation`` computes it, in
+    float64 (the parameters as given, before their softplus)."""
+    xd = x.to(torch.float64)
+    a_p = F.softplus(alpha_p.to(torch.float64))
+    b = beta.to(torch.float64)
+    a_n = b + F.softplus(alpha_n.to(torch.float64))
+    neg = (torch.expm1(torch.minimum(xd, eps.to(torch.float64))) - xd) * a_n + b * xd
+    return torch.where(xd > 0, a_p * xd * xd + b * xd, neg).to(x.dtype)
+
+
 def mla_attention(
     q_nope: torch.Tensor,
     q_pe: torch.Tensor,
