@@ -672,10 +672,7 @@ ARCHS: tuple[Arch, ...] = (
     Arch(
         "HrmTextForCausalLM",
         ("sapientinc/HRM-Text",),
-        "hierarchical recurrent stacks",
-        known={
-            "*": "not diagnosed yet: fp32 tokens part at token 7 at a small gap (0.02); bf16 prompt log-probs off by 2.9 (tolerance 0.58)"
-        },
+        "hierarchical recurrent stacks, PrefixLM (bidirectional prompt)",
     ),
     Arch(
         "Lfm2ForCausalLM",
