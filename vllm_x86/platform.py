@@ -14,7 +14,9 @@ when the user set the corresponding vLLM setting:
 * KV-cache size: an explicit size that fits this machine's real memory, instead of a
   fraction of a NUMA node's memory (which fails at start on VMs that report a small
   node);
-* the worker class: ``X86Worker`` plans memory with ``hardware.memory_info()``.
+* the worker class: ``X86Worker`` plans memory with ``hardware.memory_info()``;
+* MLA attention in float32: vLLM's own reference backend ``CPU_MLA`` where vLLM would
+  pick ``AMX_MLA``, whose kernels take bf16 only (``mla_attention_backend``).
 """
 
 from __future__ import annotations
@@ -84,6 +86,36 @@ def _kv_bytes_per_token(vllm_config) -> tuple[int | None, int | None]:
         logger.debug("vllm-x86: no KV size per token for this model: %s", e)
         return None, None
     return per_token, model.max_model_len
+
+
+def mla_attention_backend(vllm_config) -> str | None:
+    """The MLA attention backend the plugin picks for this config, or None to leave
+    vLLM's choice alone.
+
+    vLLM CPU picks ``AMX_MLA`` for every MLA model on an AMX machine
+    (``CpuPlatform.get_attn_backend_cls``, vllm/platforms/cpu.py), whatever the dtype,
+    although ``AMXMLABackend.supported_dtypes`` is bf16 only
+    (v1/attention/backends/mla/amx_mla.py): in float32 its weight packing
+    (``_C.convert_weight_packed``) stops the model at load with "expect weight to be
+    bfloat16, float16, int8". vLLM's reference MLA backend ``CPU_MLA``
+    (v1/attention/backends/mla/cpu_mla.py: SDPA prefill, ``mla_decode_kvcache_cpu``
+    decode) runs float32, so float32 MLA models get it; vLLM's platform then sets its
+    block size (16) and turns chunked prefill and prefix caching off, as it does for
+    CPU_MLA on any machine. Other dtypes, a backend the user chose, sparse MLA and
+    DeepSeek-V4 (their own backends) keep vLLM's choice."""
+    import torch
+
+    model = vllm_config.model_config
+    if model is None or not getattr(model, "use_mla", False) or model.dtype != torch.float32:
+        return None
+    hf = model.hf_config
+    if getattr(hf, "model_type", None) == "deepseek_v4" or hasattr(hf, "index_topk"):
+        return None  # DeepSeek-V4 and sparse MLA (indexer): backends of their own
+    if vllm_config.attention_config.backend is not None:
+        return None  # the user's choice
+    if not torch.cpu._is_amx_tile_supported():
+        return None  # vLLM picks CPU_MLA itself
+    return "CPU_MLA"
 
 
 class X86Platform(CpuPlatform):
@@ -158,6 +190,7 @@ class X86Platform(CpuPlatform):
             )
         cls._apply_thread_layout()
         cls._apply_kv_cache_size(vllm_config)
+        cls._apply_mla_backend(vllm_config)
         super().check_and_update_config(vllm_config)  # sets vLLM CPU's "spawn"
         cls._apply_engine_start()
         from vllm_x86 import compile_cache
@@ -171,6 +204,22 @@ class X86Platform(CpuPlatform):
         from vllm_x86.ops import registry
 
         registry.register_all()
+
+    @classmethod
+    def _apply_mla_backend(cls, vllm_config) -> None:
+        backend = mla_attention_backend(vllm_config)
+        if backend is None:
+            return
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        vllm_config.attention_config.backend = AttentionBackendEnum[backend]
+        _info_once(
+            "mla_backend",
+            "vllm-x86: MLA attention in float32 runs vLLM's %s backend (vLLM's AMX_MLA "
+            "kernels take bf16 only; %s keeps chunked prefill and prefix caching off)",
+            backend,
+            backend,
+        )
 
     @classmethod
     def _apply_engine_start(cls) -> None:

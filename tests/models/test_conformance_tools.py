@@ -353,3 +353,31 @@ def test_olmo_hybrid_tiny_checkpoint_has_the_released_layout(tmp_path):
         v = f.get_tensor("model.layers.0.linear_attn.v_conv1d.weight")
     conv = model.state_dict()["model.layers.0.linear_attn.conv1d.weight"]
     assert torch.equal(conv[:key_dim], q) and torch.equal(conv[2 * key_dim :], v)
+
+
+def test_prefix_lm_reference_makes_the_prompt_one_bidirectional_block(tmp_path):
+    """HRM-Text (config prefix_lm: true): vLLM makes every prompt one bidirectional
+    block, transformers does when given token_type_ids; the reference gives them, so
+    the prompt sees itself whole and the continuation stays causal."""
+    arch = BY_NAME["HrmTextForCausalLM"]
+    cfg = tiny.tiny_config(arch.name, arch.extra)
+    path = tiny.build(arch.name, cfg, root=tmp_path, gain=arch.gain)
+    assert tiny.prompt_is_prefix(path)
+    model = tiny._load(path, "float32")
+    prompt, cont = tiny.prompt_ids(cfg.vocab_size)[:6], [5, 6, 7]
+    ref = tiny.teacher_forced(model, prompt, cont, prefix=True)
+    causal = tiny.teacher_forced(model, prompt, cont)
+    assert abs(ref["prompt_logprobs"][0] - causal["prompt_logprobs"][0]) > 1e-3
+    # a later prompt token changes an earlier one's log-prob (bidirectional) ...
+    other = tiny.teacher_forced(model, prompt[:-1] + [prompt[-1] + 1], cont, prefix=True)
+    assert abs(other["prompt_logprobs"][0] - ref["prompt_logprobs"][0]) > 1e-6
+    # ... a later continuation token does not change an earlier one's (causal)
+    later = tiny.teacher_forced(model, prompt, [5, 6, 8], prefix=True)
+    assert later["logprobs"][:2] == pytest.approx(ref["logprobs"][:2], abs=1e-6)
+
+
+def test_other_checkpoints_are_causal_references(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert not tiny.prompt_is_prefix(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"prefix_lm": False}))
+    assert not tiny.prompt_is_prefix(tmp_path)

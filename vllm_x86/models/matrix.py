@@ -110,7 +110,9 @@ def render(data: dict) -> str:
         f"{tol.get('new_tokens', '?')} greedy tokens (one request at a time, `ignore_eos`), "
         "with the log-probability of every prompt token and every generated token.",
         "- The reference is transformers on the same checkpoint, without a KV cache (each "
-        "step recomputes the whole sequence).",
+        "step recomputes the whole sequence). A PrefixLM checkpoint (`prefix_lm: true` in "
+        "its config, HRM-Text) has its prompt as one bidirectional block, as vLLM runs it "
+        "(transformers is given `token_type_ids` 1 over the prompt).",
         f"- **fp32**: every greedy token equal to transformers fp32, and every log-probability "
         f"within {tol.get('fp32_logprob_tol', '?')} of it.",
         "- **bf16**: the greedy tokens equal transformers' bf16 or fp32 tokens, or part from "

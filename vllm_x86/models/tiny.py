@@ -293,6 +293,29 @@ def _load(model_dir: Path, dtype_name: str):
     return model
 
 
+def prompt_is_prefix(model_dir: Path) -> bool:
+    """True for a PrefixLM checkpoint (config ``prefix_lm: true``, HRM-Text): its prompt
+    is one bidirectional block and what follows is causal. vLLM runs such a model that
+    way (``PrefillPrefixLMAttention`` in vllm/model_executor/models/hrm_text.py makes
+    every prefill bidirectional); transformers does so only when given
+    ``token_type_ids`` (1 over the block, modeling_hrm_text.py ``block_sequence_ids``)
+    and is causal everywhere without them, so the reference passes them."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    return bool(cfg.get("prefix_lm", False))
+
+
+def _logits(model, seq: list[int], n_prefix: int):
+    """The model's logits for `seq`; its first `n_prefix` tokens one bidirectional
+    block (PrefixLM), when n_prefix > 0."""
+    import torch
+
+    kwargs = {}
+    if n_prefix:
+        types = [1] * n_prefix + [0] * (len(seq) - n_prefix)
+        kwargs["token_type_ids"] = torch.tensor([types])
+    return model(torch.tensor([seq]), use_cache=False, **kwargs).logits[0].float()
+
+
 def reference(model_dir: Path, dtype_name: str, prompt: list[int], new_tokens: int) -> dict:
     """transformers' greedy continuation and log-probabilities, without a KV cache.
 
@@ -301,24 +324,27 @@ def reference(model_dir: Path, dtype_name: str, prompt: list[int], new_tokens: i
     ``tokens`` (greedy), ``prompt_logprobs`` (log p of prompt token i given the ones
     before, i >= 1), ``logprobs`` (of each greedy token), ``gaps`` (top-1 minus top-2
     logit at each greedy step), ``top_ids``/``top_vals`` (the TOP_K best ids there and
-    their logits)."""
+    their logits). A PrefixLM checkpoint's prompt is its bidirectional block
+    (``prompt_is_prefix``)."""
     import torch
 
     model = _load(model_dir, dtype_name)
+    n_prefix = len(prompt) if prompt_is_prefix(model_dir) else 0
     seq = list(prompt)
     with torch.no_grad():
         for _ in range(new_tokens):
-            logits = model(torch.tensor([seq]), use_cache=False).logits[0, -1].float()
-            seq.append(int(logits.argmax()))
-        return teacher_forced(model, prompt, seq[len(prompt) :])
+            seq.append(int(_logits(model, seq, n_prefix)[-1].argmax()))
+        return teacher_forced(model, prompt, seq[len(prompt) :], prefix=bool(n_prefix))
 
 
-def teacher_forced(model, prompt: list[int], continuation: list[int]) -> dict:
+def teacher_forced(model, prompt: list[int], continuation: list[int], prefix: bool = False) -> dict:
+    """`reference`'s log-probabilities of `continuation` after `prompt` (`prefix`: the
+    prompt is a PrefixLM block)."""
     import torch
 
     seq = list(prompt) + list(continuation)
     with torch.no_grad():
-        logits = model(torch.tensor([seq]), use_cache=False).logits[0].float()
+        logits = _logits(model, seq, len(prompt) if prefix else 0)
     lp = torch.log_softmax(logits, dim=-1)
     ids = torch.tensor(seq)
     tok_lp = lp[:-1].gather(1, ids[1:, None])[:, 0].tolist()  # log p(seq[i+1] | seq[:i+1])
@@ -344,7 +370,8 @@ def cached_reference(
     """``reference`` stored beside the checkpoint (or in `cache_dir`) and reused."""
     cache = Path(cache_dir or model_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256(json.dumps([REF_FORMAT, prompt]).encode()).hexdigest()[:8]
+    what = [REF_FORMAT, prompt] + (["prefix"] if prompt_is_prefix(Path(model_dir)) else [])
+    key = hashlib.sha256(json.dumps(what).encode()).hexdigest()[:8]
     path = cache / f"reference-{dtype_name}-{key}-{new_tokens}.json"
     if path.is_file():
         return json.loads(path.read_text())

@@ -77,6 +77,63 @@ def gelu_tanh_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
     _act_and_mul(out, input, lambda x: F.gelu(x, approximate="tanh"))
 
 
+def xielu(
+    x: torch.Tensor,
+    alpha_p: torch.Tensor,
+    alpha_n: torch.Tensor,
+    beta: torch.Tensor,
+    eps: torch.Tensor,
+) -> torch.Tensor:
+    """xIELU (arXiv 2411.13010) as transformers' ``XIELUActivation`` computes it, in
+    float64 (the parameters as given, before their softplus)."""
+    xd = x.to(torch.float64)
+    a_p = F.softplus(alpha_p.to(torch.float64))
+    b = beta.to(torch.float64)
+    a_n = b + F.softplus(alpha_n.to(torch.float64))
+    neg = (torch.expm1(torch.minimum(xd, eps.to(torch.float64))) - xd) * a_n + b * xd
+    return torch.where(xd > 0, a_p * xd * xd + b * xd, neg).to(x.dtype)
+
+
+def mla_attention(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Multi-head latent attention (DeepSeek-V2/V3) as the model defines it, in float64:
+    keys and values expanded from the latent cache, causal softmax attention.
+
+    Sequence b has ``seq_lens[b]`` positions (cached context, then its new tokens);
+    its rows of ``kv_c`` [positions, kv_lora_rank] and ``k_pe`` [positions, rope] are
+    the b-th run of ``seq_lens`` rows. Its new tokens are the last ``q_len`` positions,
+    ``q_len = query_start_loc[b+1] - query_start_loc[b]``, with queries ``q_nope``
+    [tokens, heads, nope] and ``q_pe`` [tokens, heads, rope]. ``w_uk`` [kv_lora_rank,
+    heads, nope] and ``w_uv`` [kv_lora_rank, heads, v] are kv_b_proj's two parts (its
+    weight transposed). Returns [tokens, heads, v] in float64."""
+    f = torch.float64
+    out = []
+    kv_start = 0
+    for b in range(len(seq_lens)):
+        q0, q1 = int(query_start_loc[b]), int(query_start_loc[b + 1])
+        n, q_len = int(seq_lens[b]), q1 - q0
+        c = kv_c[kv_start : kv_start + n].to(f)
+        pe = k_pe[kv_start : kv_start + n].to(f)
+        kv_start += n
+        k_nope = torch.einsum("sl,lhp->shp", c, w_uk.to(f))
+        v = torch.einsum("sl,lhv->shv", c, w_uv.to(f))
+        scores = torch.einsum("thp,shp->hts", q_nope[q0:q1].to(f), k_nope)
+        scores = scores + torch.einsum("thr,sr->hts", q_pe[q0:q1].to(f), pe)
+        pos = torch.arange(n - q_len, n)[:, None]  # each new token's position
+        scores = (scores * scale).masked_fill(torch.arange(n)[None, :] > pos, float("-inf"))
+        out.append(torch.einsum("hts,shv->thv", scores.softmax(-1), v))
+    return torch.cat(out)
+
+
 def split_norm_rope_neox(
     q_out: torch.Tensor,
     k_out: torch.Tensor,

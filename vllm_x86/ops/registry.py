@@ -111,6 +111,15 @@ OVERRIDES: tuple[Override, ...] = (
         "vllm_x86.ops.activation:X86GeluAndMulMixin",
         "one-pass C++ kernel (erf and tanh GELU) instead of PyTorch's gelu + mul",
     ),
+    Override(
+        "customop",
+        "vllm.model_executor.layers.activation:XIELU",
+        "vllm_x86.ops.xielu:X86XIELUMixin",
+        "vLLM's xIELU (Apertus) holds its parameters in bf16 whatever the model dtype, "
+        "so float32 models ran it with bf16-rounded coefficients; in float32 the "
+        "plugin's class holds them in float32 (vLLM's math)",
+        cpp=False,
+    ),
     # RMSNorm: vLLM IR ops; on CPU stock vLLM has only the native (PyTorch) version
     Override(
         "ir",
