@@ -124,6 +124,12 @@ class _X86QuantConfig(QuantizationConfig):
         if isinstance(layer, GateLinear):
             from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
+            if self.prepacked and prefix in self.quantized_layers:
+                raise qformat.FormatError(
+                    f"this checkpoint holds the MoE router {prefix} packed (an earlier "
+                    "vllm-x86 wrote it); routers now stay in bf16: quantize the bf16 "
+                    "model again"
+                )
             return UnquantizedLinearMethod()  # the MoE router: bf16 (scope.py)
         if not isinstance(layer, LinearBase):
             return None  # embeddings (and the LM head unless asked) stay in bf16

@@ -173,9 +173,11 @@ class X86QuantMoEMethod(FusedMoEMethodBase):
                 return m.int8_matmul(
                     kernel, x, weight, getattr(layer, f"{w}_weight_scale")[e], bias
                 )
-            part = lambda name: (
-                t[e] if (t := getattr(layer, f"{w}_{name}", None)) is not None else None
-            )  # noqa: E731
+
+            def part(name):
+                t = getattr(layer, f"{w}_{name}", None)
+                return None if t is None else t[e]
+
             return m.int4_matmul(
                 kernel,
                 x,
