@@ -297,3 +297,80 @@ def test_fake_quantize_model_follows_the_rule():
     )
     for same in ("model.layers.0.mlp.gate.weight", "model.embed_tokens.weight", "lm_head.weight"):
         assert torch.equal(after[same], before[same]), same
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_bf16(tmp_path_factory):
+    """A 1-layer random Qwen3-MoE in bf16 (8 experts, router 8 x 128: too narrow for
+    the kernels; shared by the converter tests)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=16,
+        num_experts_per_tok=2,
+    )
+    cfg.architectures = ["Qwen3MoeForCausalLM"]
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16)
+    out = tmp_path_factory.mktemp("tiny-moe") / "bf16"
+    model.save_pretrained(str(out))
+    return out
+
+
+@needs_amx
+@pytest.mark.parametrize("bits", [8, 4])
+def test_converter_keeps_experts_and_router_and_says_so(tiny_moe_bf16, tmp_path, bits):
+    import json
+
+    from safetensors import safe_open
+
+    from vllm_x86.quant.convert import quantize_checkpoint
+
+    said: list[str] = []
+    out = tmp_path / "q"
+    quantize_checkpoint(tiny_moe_bf16, out, bits, method="rtn", progress=said.append)
+    msg = next(s for s in said if s.startswith("MoE:"))
+    # Hub names: 16 experts x (gate, up, down); one router
+    assert "48 routed-expert weight tensors are written in bf16" in msg, msg
+    assert f"quantized to INT{bits} while the checkpoint loads" in msg
+    assert "1 router weights stay" in msg
+    qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qcfg["moe_experts"] == "quantized while loading"
+    assert "model.layers.0.self_attn.o_proj" in qcfg["quantized_layers"]
+    assert not any("experts" in x or x.endswith(".gate") for x in qcfg["quantized_layers"])
+    with safe_open(str(next(out.glob("*.safetensors"))), "pt") as f:
+        keys = set(f.keys())
+        assert f.get_tensor("model.layers.0.mlp.experts.3.down_proj.weight").dtype == (
+            torch.bfloat16
+        )
+        assert f.get_tensor("model.layers.0.mlp.gate.weight").dtype == torch.bfloat16
+        want = torch.int8 if bits == 8 else torch.uint8
+        assert f.get_tensor("model.layers.0.self_attn.o_proj.weight").dtype == want
+    assert "model.layers.0.mlp.experts.3.down_proj.weight_scale" not in keys
+
+
+def test_prepacked_checkpoint_with_a_packed_router_is_refused():
+    from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    from vllm_x86.quant import format as qformat
+    from vllm_x86.quant.config import X86Int8Config
+
+    gate = GateLinear.__new__(GateLinear)  # only its type is read
+    cfg = X86Int8Config(lm_head=False)
+    assert isinstance(
+        cfg.get_quant_method(gate, "model.layers.0.mlp.gate"), UnquantizedLinearMethod
+    )
+    old = X86Int8Config(
+        prepacked=True, layout="x", format_version=1, quantized_layers=["model.layers.0.mlp.gate"]
+    )
+    with pytest.raises(qformat.FormatError, match="quantize the bf16 model again"):
+        old.get_quant_method(gate, "model.layers.0.mlp.gate")
