@@ -65,6 +65,7 @@ def _method(cfg, moe, layer):
     from vllm_x86.quant.moe import X86QuantMoEMethod
 
     method = X86QuantMoEMethod(cfg, moe)
+    layer.quant_method = method  # as RoutedExperts holds it
     method.process_weights_after_loading(layer)
     return method
 
@@ -374,3 +375,19 @@ def test_prepacked_checkpoint_with_a_packed_router_is_refused():
     )
     with pytest.raises(qformat.FormatError, match="quantize the bf16 model again"):
         old.get_quant_method(gate, "model.layers.0.mlp.gate")
+
+
+@needs_amx
+def test_experts_are_one_op_for_dynamo():
+    """vLLM compiles the CPU MoE forward: the data-dependent grouping by expert must
+    not be traced (fullgraph fails on a graph break)."""
+    e, h, i, rows = 8, 128, 64, 5
+    cfg = _config(4, 128, True)
+    layer, moe, w13, w2 = _experts(e, h, i)
+    method = _method(cfg, moe, layer)
+    x = torch.randn(rows, h, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    tw, ti = _route(rows, e, 2)
+    compiled = torch.compile(lambda a, b, c: _apply(method, layer, a, b, c), fullgraph=True)
+    torch.testing.assert_close(
+        compiled(x, tw, ti), _apply(method, layer, x, tw, ti), rtol=0, atol=0
+    )

@@ -15,8 +15,9 @@ chosen experts and their weights to ``apply``; the router's own weight stays in 
 activations to 8 bits (the accuracy cost the Linear layers avoid, docs/quantization.md),
 and its W4A8 MoE runs on Arm only.
 
-``apply`` groups the (token, expert) pairs by expert and, for each expert that has
-tokens, runs gate_up GEMM -> activation-and-multiply (vLLM's) -> down GEMM, then adds
+``apply`` calls one custom op (``torch.ops.vllm_x86.quant_moe_experts``, opaque to
+Dynamo, which compiles vLLM's CPU MoE forward) that groups the (token, expert) pairs by
+expert and, for each expert that has tokens, runs gate_up GEMM -> activation-and-multiply (vLLM's) -> down GEMM, then adds
 the rows, scaled by their routing weights, into a float32 output. A layer this method
 does not take (an expert shape the kernel refuses, an activation other than SiLU/GELU
 gated, expert parallelism) keeps vLLM's bf16 experts, with a warning that says why
@@ -24,6 +25,8 @@ gated, expert parallelism) keeps vLLM's bf16 experts, with a warning that says w
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch.nn import Module, Parameter
@@ -35,6 +38,24 @@ from vllm_x86.quant import scope
 
 ACTIVATIONS = (MoEActivation.SILU, MoEActivation.GELU, MoEActivation.GELU_TANH)
 _logged: set[str] = set()
+# Quantized expert layers by key, for the custom op below (weak: a dropped model goes).
+_LAYERS: weakref.WeakValueDictionary[str, Module] = weakref.WeakValueDictionary()
+
+
+@torch.library.custom_op("vllm_x86::quant_moe_experts", mutates_args=())
+def quant_moe_experts(
+    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, layer_key: str
+) -> torch.Tensor:
+    """The routed experts of the layer registered as `layer_key` (run_experts), as one
+    op: on CPU vLLM compiles the MoE layer's forward with Dynamo, and the grouping of
+    tokens by expert depends on the data, so Dynamo must see it as one opaque call."""
+    layer = _LAYERS[layer_key]
+    return layer.quant_method.run(layer, x, topk_weights, topk_ids)
+
+
+@quant_moe_experts.register_fake
+def _quant_moe_experts_fake(x, topk_weights, topk_ids, layer_key):
+    return torch.empty_like(x)  # [M, H]: the experts' output has the input's shape
 
 
 def moe_problem(moe, bits: int, group_size: int, kernel: str) -> str | None:
@@ -121,6 +142,8 @@ class X86QuantMoEMethod(FusedMoEMethodBase):
         if getattr(layer, "x86_done", False):
             return
         layer.x86_done = True
+        layer.x86_moe_key = f"{getattr(layer, 'layer_name', 'experts')}@{id(layer):x}"
+        _LAYERS[layer.x86_moe_key] = layer
         if self.kernel in ("w8a16", "w4a16"):
             m.check_plugin_amx()
         elif self.kernel == "torch":
@@ -199,6 +222,9 @@ class X86QuantMoEMethod(FusedMoEMethodBase):
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
         if layer.expert_map is not None:
             raise NotImplementedError("vllm-x86: quantized MoE experts with expert parallelism")
+        return torch.ops.vllm_x86.quant_moe_experts(x, topk_weights, topk_ids, layer.x86_moe_key)
+
+    def run(self, layer, x, topk_weights, topk_ids):
         return run_experts(
             x,
             topk_weights,
