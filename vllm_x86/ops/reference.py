@@ -208,6 +208,47 @@ def int4_w4a16_gemm(
     return out.to(x.dtype)
 
 
+def moe_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str = "silu",
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    weight_on_input: bool = False,
+) -> torch.Tensor:
+    """Routed MoE experts (quant/moe.run_experts), token by token in float32: for each
+    of a token's top-k experts e, act(x @ w13[e]^T)[:I] * (x @ w13[e]^T)[I:] @ w2[e]^T,
+    weighted by the routing weight and summed in float32. The gate_up output and the
+    activation's are rounded to x's dtype (where vLLM's bf16 experts round them), the sum
+    at the end. `w13`
+    [E, 2I, H] and `w2` [E, H, I] are float weights (the dequantized codes, in the
+    quantization tests). Gated activations: silu, gelu (erf), gelu_tanh.
+    `weight_on_input` (top-k 1): the routing weight scales the expert's input (rounded
+    to x's dtype) instead of its output."""
+    act = {
+        "silu": F.silu,
+        "gelu": F.gelu,
+        "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    }[activation]
+    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32)
+    for t in range(x.shape[0]):
+        for w, e in zip(topk_weights[t].float(), topk_ids[t].tolist(), strict=True):
+            xt = (x[t].float() * w).to(x.dtype).float() if weight_on_input else x[t].float()
+            h = w13[e].float() @ xt
+            if w13_bias is not None:
+                h = h + w13_bias[e].float()
+            gate, up = h.to(x.dtype).float().chunk(2)
+            a = (act(gate) * up).to(x.dtype).float()
+            y = w2[e].float() @ a
+            if w2_bias is not None:
+                y = y + w2_bias[e].float()
+            out[t] += y if weight_on_input else w * y
+    return out.to(x.dtype)
+
+
 def sigmoid_topk(
     router_logits: torch.Tensor,
     top_k: int,

@@ -2,11 +2,13 @@
 
 Two ways in:
 - a bf16 checkpoint served with `--quantization x86_int8|x86_int4`: the linear layers
-  of attention and MLP are quantized while the model loads. Options come from the
+  of attention and MLP and the routed MoE experts (moe.py) are quantized while the
+  model loads (which weights: scope.py). Options come from the
   environment (VLLM_X86_QUANT_GROUP_SIZE, VLLM_X86_QUANT_ZERO_POINT), see envs.py;
 - a checkpoint written by `vllm-x86 quantize`: its config.json carries
   `quantization_config` with `quant_method` x86_int8/x86_int4 and `prepacked: true`;
-  the packed tensors load as they are (format.py checks the format first).
+  the packed tensors load as they are (format.py checks the format first); MoE
+  experts are stored in bf16 there and quantized while loading.
 
 The embeddings stay in bf16, and so does the LM head unless VLLM_X86_QUANT_LM_HEAD=1
 (or `vllm-x86 quantize --lm-head`) asks for it in INT8 (lm_head.py).
@@ -23,6 +25,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 
 from vllm_x86 import envs
 from vllm_x86.quant import format as qformat
+from vllm_x86.quant import methods
 from vllm_x86.quant.methods import X86Int4Linear, X86Int8Linear
 
 GROUP_SIZES = (32, 64, 128)
@@ -108,12 +111,26 @@ class _X86QuantConfig(QuantizationConfig):
             qformat.check_files(model_name)
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        from vllm.model_executor.layers.fused_moe import RoutedExperts
+        from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
         from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
         if isinstance(layer, ParallelLMHead) and self.lm_head:
             from vllm_x86.quant.lm_head import Int8LMHeadMethod
 
             return Int8LMHeadMethod()  # INT8 on request, whatever the layers' bits
+        if isinstance(layer, RoutedExperts):
+            return self._moe_method(layer, prefix)
+        if isinstance(layer, GateLinear):
+            from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+            if self.prepacked and prefix in self.quantized_layers:
+                raise qformat.FormatError(
+                    f"this checkpoint holds the MoE router {prefix} packed (an earlier "
+                    "vllm-x86 wrote it); routers now stay in bf16: quantize the bf16 "
+                    "model again"
+                )
+            return UnquantizedLinearMethod()  # the MoE router: bf16 (scope.py)
         if not isinstance(layer, LinearBase):
             return None  # embeddings (and the LM head unless asked) stay in bf16
         if self.prepacked:
@@ -128,6 +145,27 @@ class _X86QuantConfig(QuantizationConfig):
             if not packed:
                 return UnquantizedLinearMethod()
         return (Int4LinearMethod if self.BITS == 4 else Int8LinearMethod)(self)
+
+    def _moe_method(self, layer, prefix: str):
+        """The routed experts of an MoE layer: quantized while loading (also for a
+        prepacked checkpoint, whose experts are stored in bf16), or, where moe.py cannot
+        take the layer, vLLM's bf16 experts with a warning saying why."""
+        from vllm.model_executor.layers.fused_moe import UnquantizedFusedMoEMethod
+
+        from vllm_x86.quant import moe
+
+        kernel = moe.expert_kernel(self.BITS, self.group_size)
+        problem = moe.moe_problem(layer.moe_config, self.BITS, self.group_size, kernel)
+        if problem is not None:
+            methods._warn_once(
+                f"moe:{problem}",
+                "vllm-x86: %s: the MoE experts of %s (and of layers like it) stay in bf16: %s",
+                self.NAME,
+                prefix,
+                problem,
+            )
+            return UnquantizedFusedMoEMethod(layer.moe_config)
+        return moe.X86QuantMoEMethod(self, layer.moe_config)
 
 
 @register_quantization_config("x86_int8")

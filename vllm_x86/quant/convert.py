@@ -2,7 +2,7 @@
 
 The output is a model directory vLLM serves directly (`vllm-x86 serve OUT`): the
 decoder's Linear weights quantized and packed in the kernels' layout, everything else
-(norms, embeddings, LM head, biases, MoE experts) copied as it is (with `--lm-head`
+(norms, embeddings, LM head, biases, MoE experts and routers) copied as it is (with `--lm-head`
 the config asks for an INT8 LM head, made from the bf16 one while loading), tokenizer and other
 files copied, config.json with a `quantization_config` (format.py), and x86_quant.json
 with the size of every weight file.
@@ -10,8 +10,10 @@ with the size of every weight file.
 Each Linear weight is quantized and packed on its own, under its checkpoint name
 (q_proj, k_proj, v_proj, ...): vLLM's loaders then fuse them as they do bf16 weights
 (methods.py, `_packed_param`). What is quantized is what `--quantization` quantizes on
-the fly: 2-D `.weight` tensors of the decoder layers whose shape the kernels take;
-MoE expert weights stay in the compute dtype (vLLM's fused-MoE layer runs them).
+the fly (scope.py): 2-D `.weight` tensors of the decoder's Linear layers whose shape
+the kernels take. Routed MoE expert weights are written as they are and quantized while
+the checkpoint loads (moe.py; round to nearest, also with --method gptq: the
+converter says so), MoE routers stay as they are.
 
 INT4 codes are chosen by GPTQ by default (``--method gptq``, gptq.py): the converter
 first runs the checkpoint through transformers in float32 on a calibration text and
@@ -28,6 +30,7 @@ import time
 from pathlib import Path
 
 from vllm_x86.quant import format as qformat
+from vllm_x86.quant import scope
 from vllm_x86.quant.gptq import quantize_int4_gptq
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -38,12 +41,9 @@ class ConvertError(Exception):
 
 
 def is_quantizable(name: str, shape: tuple[int, ...]) -> bool:
-    return (
-        ".layers." in name
-        and name.endswith(".weight")
-        and len(shape) == 2
-        and ".experts." not in name
-    )
+    """A Linear weight the converter packs: scope.py's "linear" kind (not the routed
+    experts, which are stored in bf16 and quantized while loading, nor the router)."""
+    return scope.kind_of(name) == "linear" and name.endswith(".weight") and len(shape) == 2
 
 
 def _say(progress, msg: str) -> None:
@@ -129,6 +129,7 @@ def quantize_checkpoint(
     tmp.mkdir(parents=True)
     quantized: list[str] = []
     kept: list[str] = []
+    moe = {"experts": 0, "router": 0}  # MoE weights stored as they are
     done, n_gptq = 0, len(hessians)
     weight_map: dict[str, str] = {}
     in_bytes = 0
@@ -144,6 +145,9 @@ def quantize_checkpoint(
                 t = sf.get_tensor(key)
                 module = key[: -len(".weight")]
                 if not (is_quantizable(key, tuple(t.shape)) and t.is_floating_point()):
+                    kind = scope.kind_of(key)
+                    if kind in ("experts", "router") and key.endswith(".weight"):
+                        moe[kind] += 1
                     tensors[key] = t
                     continue
                 n, k = t.shape
@@ -192,6 +196,14 @@ def quantize_checkpoint(
         save_file(tensors, str(tmp / f.name), metadata=metadata)
         weight_map.update({k: f.name for k in tensors})
         _say(progress, f"[{i}/{len(files)}] {f.name}: {len(tensors)} tensors written")
+    if moe["experts"] or moe["router"]:
+        _say(
+            progress,
+            f"MoE: {moe['experts']} routed-expert weight tensors are written in "
+            f"{src_dtype(files)} and quantized to INT{bits} while the checkpoint loads "
+            f"(round to nearest{', not GPTQ' if method == 'gptq' else ''}); "
+            f"{moe['router']} router weights stay as they are (routing as in bf16)",
+        )
     if not quantized:
         shutil.rmtree(tmp)
         raise ConvertError(
@@ -227,6 +239,8 @@ def quantize_checkpoint(
         "quantized_layers": quantized,
         # the LM head is stored in bf16 and quantized to INT8 while loading (lm_head.py)
         "lm_head": bool(lm_head),
+        # routed MoE experts: stored as they were, quantized while loading (moe.py)
+        **({"moe_experts": "quantized while loading"} if moe["experts"] else {}),
     }
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     manifest = qformat.write_manifest(
@@ -254,6 +268,18 @@ def quantize_checkpoint(
         f"{time.monotonic() - t0:.1f} s; serve it with: vllm-x86 serve {out}",
     )
     return manifest
+
+
+def src_dtype(files) -> str:
+    """The dtype of the first floating-point tensor of a checkpoint (for messages)."""
+    from safetensors import safe_open
+
+    with safe_open(str(files[0]), framework="pt") as sf:
+        for key in sf.keys():
+            t = sf.get_slice(key)
+            if t.get_dtype() in ("BF16", "F16", "F32"):
+                return {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}[t.get_dtype()]
+    return "their dtype"
 
 
 def _calibrate(src: Path, windows: int, progress) -> dict:

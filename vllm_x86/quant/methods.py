@@ -291,6 +291,40 @@ def int4_shape_problem(n: int, k: int, group_size: int, kernel: str = "vllm") ->
     return None
 
 
+def quantize_pack(
+    bits: int, kernel: str, w: torch.Tensor, group: int | None = None, zero_point: bool = False
+) -> dict[str, torch.Tensor]:
+    """Quantize a [N, K] weight and pack it for `kernel`: the tensors a quantized layer
+    holds, by name (weight, weight_scale and for INT4 weight_zp; for PyTorch's INT4
+    kernel weight and weight_scale_zero). Linear layers and MoE experts share it."""
+    if bits == 8:
+        q, scale = quantize_int8(w)
+        return {"weight": pack_int8_for(kernel, q), "weight_scale": scale}
+    q, scale, zero = quantize_int4(w, group, zero_point)
+    if kernel == "w4a16":
+        bw, bs, bz = pack_int4_w4a16(q, scale, zero)
+        return {"weight": bw, "weight_scale": bs, "weight_zp": bz}
+    if kernel == "vllm":
+        bw, bz, bs = pack_int4(q, scale, zero)
+        return {"weight": bw, "weight_zp": bz, "weight_scale": bs}
+    # PyTorch's int4 kernel: codes packed by aten, scale and zero interleaved
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    sz = torch.stack([scale.float(), (8 - zero.float()) * scale.float()], dim=-1).to(torch.bfloat16)
+    return {"weight": packed, "weight_scale_zero": sz}
+
+
+def int4_matmul(kernel, x, weight, scale, zp, group, bias, scale_zero=None):
+    """x [M, K] bf16 @ quantize_pack's INT4 tensors -> [M, N] bf16; bias float32 or None."""
+    if kernel == "w4a16":
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        return torch.ops.vllm_x86.int4_w4a16_gemm(x, weight, scale, zp, group, bias)
+    if kernel == "vllm":
+        return torch.ops._C.int4_scaled_mm_cpu(x, weight, zp, scale, bias)
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight, group, scale_zero)
+    return out if bias is None else out + bias.to(out.dtype)
+
+
 # ------------------------------------------------------------------ methods
 
 
@@ -436,8 +470,11 @@ class X86Int8Linear(_X86QuantLinearMethod):
     bits = 8
 
     def shape_problem(self, n, k):
+        from vllm_x86.quant import scope
+
         # a prepacked checkpoint is always in the plugin's layout
-        return int8_shape_problem(n, k, "w8a16" if self.config.prepacked else int8_kernel())
+        kernel = "w8a16" if self.config.prepacked else int8_kernel()
+        return scope.plan("linear", n, k, 8, kernel=kernel).reason
 
     def create_prepacked(self, layer, n, k, loader):
         layer.x86_kernel = "w8a16"
@@ -445,10 +482,9 @@ class X86Int8Linear(_X86QuantLinearMethod):
         _packed_param(layer, "weight_scale", (n,), torch.float32, loader)
 
     def quantize_and_pack(self, layer, w):
-        q, scale = quantize_int8(w)
         layer.x86_kernel = int8_kernel()
-        _set(layer, "weight", pack_int8_for(layer.x86_kernel, q))
-        _set(layer, "weight_scale", scale)
+        for name, t in quantize_pack(8, layer.x86_kernel, w).items():
+            _set(layer, name, t)
 
     def matmul(self, layer, x, bias):
         return int8_matmul(layer.x86_kernel, x, layer.weight, layer.weight_scale, bias)
@@ -463,7 +499,9 @@ class X86Int4Linear(_X86QuantLinearMethod):
         return int4_kernel(self.config.group_size)
 
     def shape_problem(self, n, k):
-        return int4_shape_problem(n, k, self.config.group_size, self._kernel())
+        from vllm_x86.quant import scope
+
+        return scope.plan("linear", n, k, 4, self.config.group_size, kernel=self._kernel()).reason
 
     def _group(self, layer) -> int:
         n, k = layer.x86_shape
@@ -498,41 +536,18 @@ class X86Int4Linear(_X86QuantLinearMethod):
     def quantize_and_pack(self, layer, w):
         g = self._group(layer)
         layer.x86_group = g
-        q, scale, zero = quantize_int4(w, g, self.config.zero_point)
         layer.x86_kernel = self._kernel()
-        if layer.x86_kernel == "w4a16":
-            bw, bs, bz = pack_int4_w4a16(q, scale, zero)
-            _set(layer, "weight", bw)
-            _set(layer, "weight_scale", bs)
-            _set(layer, "weight_zp", bz)
-            return
-        if layer.x86_kernel == "vllm":
-            bw, bz, bs = pack_int4(q, scale, zero)
-            _set(layer, "weight", bw)
-            _set(layer, "weight_zp", bz)
-            _set(layer, "weight_scale", bs)
-            return
-        # PyTorch's int4 kernel: codes packed by aten, scale and zero interleaved
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        sz = torch.stack([scale.float(), (8 - zero.float()) * scale.float()], dim=-1).to(
-            torch.bfloat16
-        )
-        _set(layer, "weight", packed)
-        _set(layer, "weight_scale_zero", sz)
+        for name, t in quantize_pack(4, layer.x86_kernel, w, g, self.config.zero_point).items():
+            _set(layer, name, t)
 
     def matmul(self, layer, x, bias):
-        if layer.x86_kernel == "w4a16":
-            if x.stride(-1) != 1:
-                x = x.contiguous()
-            return torch.ops.vllm_x86.int4_w4a16_gemm(
-                x, layer.weight, layer.weight_scale, layer.weight_zp, layer.x86_group, bias
-            )
-        if layer.x86_kernel == "vllm":
-            out = torch.ops._C.int4_scaled_mm_cpu(
-                x, layer.weight, layer.weight_zp, layer.weight_scale, bias
-            )
-            return out
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x, layer.weight, layer.x86_group, layer.weight_scale_zero
+        return int4_matmul(
+            layer.x86_kernel,
+            x,
+            layer.weight,
+            getattr(layer, "weight_scale", None),
+            getattr(layer, "weight_zp", None),
+            layer.x86_group,
+            bias,
+            getattr(layer, "weight_scale_zero", None),
         )
-        return out if bias is None else out + bias.to(out.dtype)

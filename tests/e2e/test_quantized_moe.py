@@ -1,0 +1,201 @@
+"""MoE models served with x86_int8 / x86_int4 (vLLM's LLM class in a fresh process,
+eager, bf16): the routed experts really are quantized, and the greedy output is the
+one of a transformers float32 reference whose weights are what the codes stand for.
+
+The reference is the tiny checkpoint (the conformance suite's builder, models/tiny.py)
+with every weight rounded to bf16 (what vLLM loads), then every weight x86_int{bits}
+quantizes replaced by its dequantized codes (quant/scope.fake_quantize_model: Linear
+layers and routed experts; router, norms, embeddings as they are). Fed vLLM's own
+greedy tokens, it must rank each of them first (or within NEAR_TIE of first: vLLM runs
+bf16 activations) and give its log-probability within LOGPROB_TOL. Measured on
+Qwen3-MoE: every token first, log-probabilities within 0.03 (INT8) and 0.07 (INT4).
+The same reference with the experts left in bf16 is further from vLLM's log-probs
+(INT8 mean 0.024 against 0.015; INT4 0.45 against 0.024, and ranks some of vLLM's
+tokens 1.9 logits below first): the experts' codes are what vLLM computes with.
+
+Not Mixtral: its tiny checkpoint has a routing near tie on this prompt (layer 0,
+prompt position 13: the 2nd and 3rd experts' router probabilities 0.0001 apart) that
+x86_int8's Linear layers alone tip the other way (the same with the experts left in
+bf16); swapping those two experts there, the reference picks vLLM's token. Routing
+near ties are the conformance suite's subject (docs/supported_models.md).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+from tests.conftest import HELPERS, PYTHON, clean_env
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not torch.cpu._is_amx_tile_supported(), reason="the CPU has no AMX (x86_int8/int4 kernels)"
+    ),
+]
+
+NEW_TOKENS = 16
+NEAR_TIE = 0.1  # logits
+LOGPROB_TOL = 0.15
+EXTRA = {"Qwen3MoeForCausalLM": {"norm_topk_prob": True}}
+
+
+def _checkpoint(arch: str):
+    from vllm_x86.models import tiny
+
+    cfg = tiny.tiny_config(arch, EXTRA.get(arch))
+    return tiny.build(arch, cfg), tiny.prompt_ids(tiny.text_config(cfg).vocab_size)
+
+
+def _serve(model, prompt, *extra, eager=True) -> dict:
+    r = subprocess.run(
+        [
+            PYTHON,
+            str(HELPERS / "run_llm.py"),
+            "--model",
+            str(model),
+            "--dtype",
+            "bfloat16",
+            *(["--eager"] if eager else []),
+            "--max-model-len",
+            "256",
+            "--skip-tokenizer-init",  # tiny checkpoints: token ids in and out
+            "--prompt-ids",
+            json.dumps([prompt]),
+            "--max-tokens",
+            str(NEW_TOKENS),
+            "--logprobs",
+            "--describe-experts",
+            *extra,
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=clean_env(),
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    line = next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))
+    return {**json.loads(line[len("RESULT ") :]), "log": r.stdout + r.stderr}
+
+
+def _reference(model_dir, bits: int, quantize_experts: bool):
+    """transformers float32, weights rounded to bf16, then fake-quantized."""
+    from vllm_x86.models import tiny
+    from vllm_x86.quant import scope
+
+    model = tiny._load(model_dir, "float32")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    kept = {n: p.clone() for n, p in model.named_parameters() if scope.kind_of(n) == "experts"}
+    assert kept, "the reference model has no routed experts"
+    plans = scope.fake_quantize_model(model, bits, 128, True)
+    assert all(plans[n].quantized for n in kept), plans
+    if not quantize_experts:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n in kept:
+                    p.copy_(kept[n])
+    return model
+
+
+def _score(model, prompt, tokens):
+    """(log-probs of `tokens`, how far below the best logit each is) under `model`,
+    fed prompt + tokens."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens]), use_cache=False).logits[0].float()
+    steps = logits[len(prompt) - 1 : len(prompt) - 1 + len(tokens)]
+    idx = torch.arange(len(tokens)), torch.tensor(tokens)
+    return torch.log_softmax(steps, -1)[idx], steps.max(-1).values - steps[idx]
+
+
+@pytest.mark.parametrize(
+    "arch,bits",
+    [
+        ("Qwen3MoeForCausalLM", 8),
+        ("Qwen3MoeForCausalLM", 4),
+        ("OlmoeForCausalLM", 4),
+    ],
+)
+def test_quantized_experts_serve_the_dequantized_model(arch, bits):
+    model_dir, prompt = _checkpoint(arch)
+    got = _serve(model_dir, prompt, "--quantization", f"x86_int{bits}")
+    assert got["platform"] == "X86Platform"
+    assert f"MoE experts in INT{bits}" in got["log"]
+
+    # the experts are stored as codes: 1 byte (INT8) or half a byte (INT4) per weight
+    ref = _reference(model_dir, bits, True)
+    shapes = [
+        tuple(p.shape) for n, p in ref.named_parameters() if n.endswith("experts.gate_up_proj")
+    ]
+    e, two_i, h = shapes[0]
+    layers = got["experts"]
+    assert len(layers) == len(shapes), layers
+    dtype = "int8" if bits == 8 else "uint8"
+    for x in layers:
+        assert x["method"] == "X86QuantMoEMethod", x
+        p = x["params"]
+        assert p["w13_weight"][0] == dtype and p["w2_weight"][0] == dtype, p
+        assert p["w13_weight"][1][0] == e and p["w2_weight"][1][0] == e, p
+        assert p["w13_weight"][2] == e * two_i * h * bits // 8, p
+        assert p["w2_weight"][2] == e * h * (two_i // 2) * bits // 8, p
+
+    tokens, lps = got["token_ids"][0], torch.tensor(got["logprobs"][0])
+    assert len(tokens) == NEW_TOKENS
+    ref_lp, regret = _score(ref, prompt, tokens)
+    assert float(regret.max()) <= NEAR_TIE, (tokens, regret.tolist())
+    err = (ref_lp - lps).abs()
+    assert float(err.max()) <= LOGPROB_TOL, err.tolist()
+    bf16_lp, _ = _score(_reference(model_dir, bits, False), prompt, tokens)
+    assert float((bf16_lp - lps).abs().mean()) > float(err.mean())
+
+
+def _bf16_copy(src, dst):
+    """The tiny checkpoint (saved in float32) in bf16, as real MoE checkpoints come."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    for f in dst.glob("*.safetensors"):
+        w = load_file(str(f))
+        save_file({k: v.to(torch.bfloat16) for k, v in w.items()}, str(f))
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"
+    (dst / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_prepacked_moe_checkpoint_equals_quantized_while_loading(tmp_path, bits):
+    """`vllm-x86 quantize` writes an MoE model's experts as they are and says so; served,
+    they are quantized while loading, and the tokens are those of `--quantization`."""
+    from vllm_x86.quant.convert import quantize_checkpoint
+
+    src, prompt = _checkpoint("Qwen3MoeForCausalLM")
+    bf16 = tmp_path / "bf16"
+    _bf16_copy(src, bf16)
+    said: list[str] = []
+    out = tmp_path / f"int{bits}"
+    quantize_checkpoint(bf16, out, bits, method="rtn", progress=said.append)
+    assert any("routed-expert weight tensors are written in bf16" in s for s in said), said
+    qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qcfg["moe_experts"] == "quantized while loading"
+    assert not any(".experts." in x or x.endswith(".gate") for x in qcfg["quantized_layers"])
+    on_the_fly = _serve(bf16, prompt, "--quantization", f"x86_int{bits}")
+    prepacked = _serve(out, prompt)
+    assert all(x["method"] == "X86QuantMoEMethod" for x in prepacked["experts"])
+    assert prepacked["experts"] == on_the_fly["experts"]
+    assert prepacked["token_ids"] == on_the_fly["token_ids"]
+
+
+def test_compiled_equals_eager():
+    """vLLM compiles the CPU MoE forward with Dynamo; the quantized experts are one
+    opaque op there (moe.quant_moe_experts) and give the eager tokens."""
+    model_dir, prompt = _checkpoint("Qwen3MoeForCausalLM")
+    eager = _serve(model_dir, prompt, "--quantization", "x86_int4")
+    compiled = _serve(model_dir, prompt, "--quantization", "x86_int4", eager=False)
+    assert compiled["experts"] == eager["experts"]
+    assert compiled["token_ids"] == eager["token_ids"]

@@ -1,0 +1,236 @@
+"""MoE experts of `x86_int8` and `x86_int4`: each expert's weights quantized while loading.
+
+vLLM's fused-MoE layer (``RoutedExperts``) asks the quantization config for a
+``FusedMoEMethodBase``; ``X86QuantMoEMethod`` is the plugin's. It loads the experts'
+bf16 weights as vLLM's unquantized method does (w13 [E, 2I, H]: gate and up; w2
+[E, H, I]: down), then quantizes and packs each expert's w13 and w2 on its own with the
+Linear layers' quantizer and packing (methods.quantize_pack), so the same GEMM kernels
+(``torch.ops.vllm_x86.int8_w8a16_gemm`` / ``int4_w4a16_gemm``, or vLLM's / PyTorch's
+where the Linear layers use those) compute each expert's tokens.
+
+Routing is not touched: vLLM's runner calls the layer's router (``select_experts``:
+vLLM's CPU router, or the plugin's for sigmoid scores, ops/moe_routing.py) and hands the
+chosen experts and their weights to ``apply``; the router's own weight stays in bf16
+(scope.py). vLLM CPU's fused INT4/INT8 MoE kernels are not used: they quantize the
+activations to 8 bits (the accuracy cost the Linear layers avoid, docs/quantization.md),
+and its W4A8 MoE runs on Arm only.
+
+``apply`` calls one custom op (``torch.ops.vllm_x86.quant_moe_experts``, opaque to
+Dynamo, which compiles vLLM's CPU MoE forward) that groups the (token, expert) pairs by
+expert and, for each expert that has tokens, runs gate_up GEMM -> activation-and-multiply (vLLM's) -> down GEMM, then adds
+the rows, scaled by their routing weights, into a float32 output. A layer this method
+does not take (an expert shape the kernel refuses, an activation other than SiLU/GELU
+gated, expert parallelism) keeps vLLM's bf16 experts, with a warning that says why
+(config.py).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.nn import Module, Parameter
+from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
+from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+from vllm_x86.quant import methods as m
+from vllm_x86.quant import scope
+
+ACTIVATIONS = (MoEActivation.SILU, MoEActivation.GELU, MoEActivation.GELU_TANH)
+_logged: set[str] = set()
+# Quantized expert layers by key, for the custom op below (weak: a dropped model goes).
+_LAYERS: weakref.WeakValueDictionary[str, Module] = weakref.WeakValueDictionary()
+
+
+@torch.library.custom_op("vllm_x86::quant_moe_experts", mutates_args=())
+def quant_moe_experts(
+    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, layer_key: str
+) -> torch.Tensor:
+    """The routed experts of the layer registered as `layer_key` (run_experts), as one
+    op: on CPU vLLM compiles the MoE layer's forward with Dynamo, and the grouping of
+    tokens by expert depends on the data, so Dynamo must see it as one opaque call."""
+    layer = _LAYERS[layer_key]
+    return layer.quant_method.run(layer, x, topk_weights, topk_ids)
+
+
+@quant_moe_experts.register_fake
+def _quant_moe_experts_fake(x, topk_weights, topk_ids, layer_key):
+    return torch.empty_like(x)  # [M, H]: the experts' output has the input's shape
+
+
+def moe_problem(moe, bits: int, group_size: int, kernel: str) -> str | None:
+    """Why the experts of a layer with FusedMoEConfig `moe` cannot be quantized, or
+    None."""
+    if moe.moe_parallel_config.use_ep:
+        return "expert parallelism is not supported by the quantized experts"
+    if not moe.is_act_and_mul or moe.activation not in ACTIVATIONS:
+        return f"activation {moe.activation.value!r} (the quantized experts run gated SiLU/GELU)"
+    if getattr(moe, "swiglu_limit", None) is not None:
+        return "a clamped SwiGLU (swiglu_limit)"
+    h, i = moe.hidden_dim, moe.intermediate_size_per_partition
+    for what, n, k in (("gate_up", 2 * i, h), ("down", h, i)):
+        p = scope.plan("experts", n, k, bits, group_size, kernel=kernel)
+        if not p.quantized:
+            return f"expert {what} weight {n}x{k}: {p.reason}"
+    return None
+
+
+def expert_kernel(bits: int, group_size: int) -> str:
+    """The GEMM kernel of the experts: the one Linear layers quantized while loading use."""
+    return m.int8_kernel() if bits == 8 else m.int4_kernel(group_size)
+
+
+def run_experts(x, topk_weights, topk_ids, gemm, activation, num_experts, weight_on_input=False):
+    """Routed MoE: x [M, H] bf16, topk_weights/topk_ids [M, top_k] -> [M, H] bf16.
+    ``gemm(which, e, rows)`` multiplies rows by expert e's w13 (which=13) or w2 (2)."""
+    from vllm.model_executor.layers.fused_moe.activation import apply_moe_activation
+
+    m_tokens, top_k = topk_ids.shape
+    flat = topk_ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    rows = order // top_k
+    weights = topk_weights.reshape(-1)[order].float()
+    out = torch.zeros(m_tokens, x.shape[1], dtype=torch.float32)
+    start = 0
+    for e, c in enumerate(counts):
+        if c == 0:
+            continue
+        idx, w = rows[start : start + c], weights[start : start + c]
+        start += c
+        xs = x[idx]
+        if weight_on_input:  # top_k 1: the weight scales the expert's input instead
+            xs = (xs.float() * w[:, None]).to(x.dtype)
+        h = gemm(13, e, xs)
+        a = h.new_empty(c, h.shape[1] // 2)
+        apply_moe_activation(activation, a, h)
+        y = gemm(2, e, a).float()
+        out.index_add_(0, idx, y if weight_on_input else y * w[:, None])
+    return out.to(x.dtype)
+
+
+class X86QuantMoEMethod(FusedMoEMethodBase):
+    def __init__(self, config, moe) -> None:
+        super().__init__(moe)
+        self.config = config
+        self.bits = config.BITS
+        self.kernel = expert_kernel(self.bits, config.group_size)
+
+    def create_weights(
+        self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **kw
+    ):
+        from vllm.model_executor.layers.fused_moe import UnquantizedFusedMoEMethod
+
+        if params_dtype != torch.bfloat16:
+            raise ValueError(
+                f"{self.config.get_name()} runs bfloat16 models (its kernels take bfloat16 "
+                f"activations), not {params_dtype}; pass --dtype bfloat16"
+            )
+        # the bf16 parameters and loaders of vLLM's unquantized method (it reads only
+        # self.moe): the checkpoint loads exactly as without quantization
+        UnquantizedFusedMoEMethod.create_weights(
+            self,
+            layer,
+            num_experts,
+            hidden_size,
+            intermediate_size_per_partition,
+            params_dtype,
+            **kw,
+        )
+
+    def process_weights_after_loading(self, layer: Module) -> None:
+        if getattr(layer, "x86_done", False):
+            return
+        layer.x86_done = True
+        layer.x86_moe_key = f"{getattr(layer, 'layer_name', 'experts')}@{id(layer):x}"
+        _LAYERS[layer.x86_moe_key] = layer
+        if self.kernel in ("w8a16", "w4a16"):
+            m.check_plugin_amx()
+        elif self.kernel == "torch":
+            m._warn_once(
+                "noamx",
+                "vllm-x86: %s without AMX runs PyTorch's weight-only kernels: "
+                "fast for one request, slow for batches",
+                self.config.get_name(),
+            )
+        for which in ("w13", "w2"):
+            w = getattr(layer, f"{which}_weight").data
+            n, k = w.shape[1:]
+            group = m.effective_group_size(k, self.config.group_size) if self.bits == 4 else None
+            packed = [
+                m.quantize_pack(self.bits, self.kernel, w[e], group, self.config.zero_point)
+                for e in range(w.shape[0])
+            ]
+            for name in packed[0]:
+                t = torch.stack([p[name] for p in packed])
+                setattr(layer, f"{which}_{name}", Parameter(t, requires_grad=False))
+            setattr(layer, f"x86_{which}_group", group)
+            bias = getattr(layer, f"{which}_bias", None)
+            setattr(layer, f"x86_{which}_bias", None if bias is None else bias.data.float())
+        key = f"{self.config.get_name()}{tuple(layer.w13_weight.shape)}"
+        if key not in _logged:
+            _logged.add(key)
+            e, n13 = layer.w13_weight.shape[0], 2 * self.moe.intermediate_size_per_partition
+            m.logger.info(
+                "vllm-x86: MoE experts in INT%d (%d experts, gate_up %dx%d, down %dx%d, "
+                "kernel %s%s)",
+                self.bits,
+                e,
+                n13,
+                self.moe.hidden_dim,
+                self.moe.hidden_dim,
+                self.moe.intermediate_size_per_partition,
+                self.kernel,
+                "" if self.bits == 8 else f", groups {layer.x86_w13_group}/{layer.x86_w2_group}",
+            )
+
+    def _gemm(self, layer):
+        bits, kernel = self.bits, self.kernel
+
+        def gemm(which: int, e: int, x: torch.Tensor) -> torch.Tensor:
+            w = "w13" if which == 13 else "w2"
+            bias = getattr(layer, f"x86_{w}_bias")
+            bias = None if bias is None else bias[e]
+            weight = getattr(layer, f"{w}_weight")[e]
+            if bits == 8:
+                return m.int8_matmul(
+                    kernel, x, weight, getattr(layer, f"{w}_weight_scale")[e], bias
+                )
+
+            def part(name):
+                t = getattr(layer, f"{w}_{name}", None)
+                return None if t is None else t[e]
+
+            return m.int4_matmul(
+                kernel,
+                x,
+                weight,
+                part("weight_scale"),
+                part("weight_zp"),
+                getattr(layer, f"x86_{w}_group"),
+                bias,
+                part("weight_scale_zero"),
+            )
+
+        return gemm
+
+    def get_fused_moe_quant_config(self, layer):
+        from vllm.model_executor.layers.fused_moe.config import FusedMoEQuantConfig
+
+        return FusedMoEQuantConfig.make()  # describes nothing the runner acts on here
+
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+        if layer.expert_map is not None:
+            raise NotImplementedError("vllm-x86: quantized MoE experts with expert parallelism")
+        return torch.ops.vllm_x86.quant_moe_experts(x, topk_weights, topk_ids, layer.x86_moe_key)
+
+    def run(self, layer, x, topk_weights, topk_ids):
+        return run_experts(
+            x,
+            topk_weights,
+            topk_ids,
+            self._gemm(layer),
+            layer.activation,
+            layer.w13_weight.shape[0],
+            layer.apply_router_weight_on_input,
+        )

@@ -1,0 +1,139 @@
+"""Which weights `x86_int8` and `x86_int4` quantize: the one rule, in one place.
+
+The methods (config.py, moe.py), the offline converter (convert.py) and anything that
+fake-quantizes a reference model ask this module, so they cannot disagree:
+
+- ``linear``: the Linear layers of the decoder (attention q/k/v/o, MLP gate/up/down,
+  the shared experts of MoE models): quantized;
+- ``experts``: the routed MoE experts, each expert's gate_up (w13, [2I, H]) and down
+  (w2, [H, I]) quantized on its own, exactly as a Linear weight of that shape;
+- ``router``: the MoE router (``...mlp.gate``; vLLM's ``GateLinear``): stays in bf16,
+  so the choice of experts is the bf16 model's;
+- ``lm_head``: INT8 (for both methods) only when asked (``VLLM_X86_QUANT_LM_HEAD=1``,
+  ``vllm-x86 quantize --lm-head``), else bf16;
+- ``embedding`` and everything else (norms, biases, convolutions, ...): bf16.
+
+A weight of a quantized kind whose shape the kernel does not take stays in bf16 with a
+warning (``plan`` says why). INT8 is symmetric with a float32 scale per output channel;
+INT4 uses groups of ``effective_group_size`` input channels (the configured size, or 64
+or 32 where it does not divide K) and zero points unless symmetric.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from vllm_x86.quant import methods as m
+
+QUANTIZED_KINDS = ("linear", "experts")  # plus "lm_head" on request
+
+
+class Plan(NamedTuple):
+    """How one weight is stored: ``bits`` None means bf16 (``reason`` says why)."""
+
+    bits: int | None
+    group: int | None = None
+    reason: str | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.bits is not None
+
+
+def kind_of(name: str) -> str:
+    """The kind of a weight or module, from its name in a checkpoint, in transformers or
+    in vLLM (``model.layers.3.mlp.experts`` / ``...experts.gate_up_proj`` / ``...experts.
+    5.down_proj.weight`` -> experts; ``...mlp.gate(.weight)`` -> router)."""
+    parts = name.split(".")
+    if parts[-1] in ("weight", "bias", "qweight"):
+        parts = parts[:-1]
+    if any(p in ("embed_tokens", "wte", "embeddings", "embed_in") for p in parts):
+        return "embedding"
+    if "layers" not in parts and "h" not in parts:
+        return "lm_head" if parts and parts[-1] in ("lm_head", "embed_out") else "other"
+    if "experts" in parts:
+        return "experts"
+    if parts and parts[-1] == "gate":
+        return "router"
+    return "linear"
+
+
+def plan(
+    kind: str,
+    n: int,
+    k: int,
+    bits: int,
+    group_size: int = 128,
+    lm_head: bool = False,
+    kernel: str | None = None,
+) -> Plan:
+    """How a [n, k] weight of `kind` is stored under `x86_int{bits}`. `kernel` is the
+    GEMM kernel that will run it ("w8a16"/"w4a16", the plugin's; "vllm"; "torch");
+    None: the plugin's, or vLLM's W4A8 for INT4 groups of 32. For vLLM's fused layers
+    (qkv_proj, gate_up_proj) n is the fused size."""
+    if kind == "lm_head":
+        if not lm_head:
+            return Plan(None, reason="the LM head stays in bf16 unless asked for")
+        bits = 8  # an INT8 LM head for both methods (lm_head.py)
+    elif kind not in QUANTIZED_KINDS:
+        return Plan(None, reason=f"{kind} weights stay in bf16")
+    if bits == 8:
+        problem = m.int8_shape_problem(n, k, kernel or "w8a16")
+        return Plan(None, reason=problem) if problem else Plan(8)
+    if kernel is None:
+        kernel = "w4a16" if group_size >= 64 else "vllm"
+    problem = m.int4_shape_problem(n, k, group_size, kernel)
+    if problem:
+        return Plan(None, reason=problem)
+    return Plan(4, m.effective_group_size(k, group_size))
+
+
+def fake_quantize(w, p: Plan, zero_point: bool = True):
+    """The float32 weight a bf16/float [n, k] weight `w` stands for once stored as `p`
+    says: what the kernels compute with (the reference of every parity test)."""
+    if not p.quantized:
+        return w.float()
+    if p.bits == 8:
+        return m.dequantize_int8(*m.quantize_int8(w))
+    q, scale, zero = m.quantize_int4(w, p.group, zero_point)
+    return m.dequantize_int4(q, scale, zero, p.group)
+
+
+def fake_quantize_model(
+    model, bits: int, group_size: int = 128, zero_point: bool = True, lm_head: bool = False
+) -> dict[str, Plan]:
+    """Replace, in place, every weight of a transformers model that `x86_int{bits}`
+    quantizes by the values its codes stand for (float32 math, stored in the model's
+    dtype, so use a float32 model for an exact reference). 2-D weights are one [n, k]
+    matrix; 3-D expert tensors ([experts, n, k]: transformers' fused gate_up_proj and
+    down_proj) are quantized expert by expert. Returns the plan of every weight seen.
+
+    The N of a fused vLLM layer (qkv_proj, gate_up_proj) is the sum of its parts; a
+    layer whose parts pass the shape check alone passes it fused (N multiples of 16 or
+    32), which is the case for every architecture the project serves."""
+    import torch
+
+    plans: dict[str, Plan] = {}
+    head = model.get_output_embeddings()
+    if lm_head and head is not None and head.weight is model.get_input_embeddings().weight:
+        # vLLM quantizes a copy of a tied table for the LM head; the embedding stays
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() not in (2, 3) or not p.is_floating_point():
+                continue
+            kind = kind_of(name)
+            if p.dim() == 3 and kind != "experts":
+                continue
+            n, k = p.shape[-2:]
+            pl = plan(kind, n, k, bits, group_size, lm_head)
+            plans[name] = pl
+            if not pl.quantized:
+                continue
+            zp = zero_point and pl.bits == 4
+            if p.dim() == 2:
+                p.copy_(fake_quantize(p.data, pl, zp).to(p.dtype))
+            else:
+                for e in range(p.shape[0]):
+                    p[e].copy_(fake_quantize(p.data[e], pl, zp).to(p.dtype))
+    return plans
