@@ -291,6 +291,27 @@ def int4_shape_problem(n: int, k: int, group_size: int, kernel: str = "vllm") ->
     return None
 
 
+def weight_kernel(bits: int, group_size: int) -> str:
+    """The kernel a weight quantized while loading runs on (int8_kernel, int4_kernel)."""
+    return int8_kernel() if bits == 8 else int4_kernel(group_size)
+
+
+def bf16_reason(bits: int, n: int, k: int, group_size: int, kernel: str) -> str | None:
+    """Why an [N, K] weight that scope.py quantizes stays in bf16 (a shape `kernel`
+    cannot take), or None: the layers (below) and the conformance reference (fake.py)
+    both ask here."""
+    if bits == 8:
+        return int8_shape_problem(n, k, kernel)
+    return int4_shape_problem(n, k, group_size, kernel)
+
+
+def lm_head_bf16_reason(n: int, k: int, kernel: str) -> str | None:
+    """Why an LM head asked for in INT8 stays in bf16 (lm_head.py), or None."""
+    if kernel == "torch":
+        return "INT8 LM head needs the AMX kernels"
+    return int8_shape_problem(n, k, kernel)
+
+
 # ------------------------------------------------------------------ methods
 
 
@@ -437,7 +458,8 @@ class X86Int8Linear(_X86QuantLinearMethod):
 
     def shape_problem(self, n, k):
         # a prepacked checkpoint is always in the plugin's layout
-        return int8_shape_problem(n, k, "w8a16" if self.config.prepacked else int8_kernel())
+        kernel = "w8a16" if self.config.prepacked else weight_kernel(8, 0)
+        return bf16_reason(8, n, k, 0, kernel)
 
     def create_prepacked(self, layer, n, k, loader):
         layer.x86_kernel = "w8a16"
@@ -460,10 +482,10 @@ class X86Int4Linear(_X86QuantLinearMethod):
     def _kernel(self) -> str:
         if self.config.prepacked:
             return int4_layout_kernel(self.config.layout)
-        return int4_kernel(self.config.group_size)
+        return weight_kernel(4, self.config.group_size)
 
     def shape_problem(self, n, k):
-        return int4_shape_problem(n, k, self.config.group_size, self._kernel())
+        return bf16_reason(4, n, k, self.config.group_size, self._kernel())
 
     def _group(self, layer) -> int:
         n, k = layer.x86_shape
