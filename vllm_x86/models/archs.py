@@ -7,10 +7,11 @@ matrix), the features the tiny checkpoint keeps, and the config arguments that d
 from the generic shrink in ``tiny.py``.
 
 ``known`` maps a mode ("fp32-eager", "bf16-eager", "fp32-compiled", "bf16-compiled",
-or "*" for all) to the reason the architecture does not pass there: a missing
-capability named precisely. The suite marks those cases xfail (strict: a case that
-starts passing fails the suite until its row is updated) and the matrix prints the
-reason.
+"int8-eager", "int4-eager", or "*" for all) to the reason the architecture does not
+pass there: a missing capability named precisely. The suite marks those cases xfail
+(strict: a case that starts passing fails the suite until its row is updated) and the
+matrix prints the reason. The quantized modes of an architecture that fails bf16 eager
+are not run (``not_run_reason``): bf16's reason stands for them.
 """
 
 from __future__ import annotations
@@ -773,8 +774,37 @@ ARCHS: tuple[Arch, ...] = (
 )
 
 BY_NAME: dict[str, Arch] = {a.name: a for a in ARCHS}
-MODES = ("fp32-eager", "bf16-eager", "fp32-compiled", "bf16-compiled")
+MODES = ("fp32-eager", "bf16-eager", "fp32-compiled", "bf16-compiled", "int8-eager", "int4-eager")
+# bf16 models served with --quantization x86_int8 / x86_int4 (conformance.py QUANT)
+QUANT_MODES = ("int8-eager", "int4-eager")
+# The architectures whose quantized modes the pytest suite runs by default (the CI
+# budget): dense Llama-likes with and without biases, q/k norms, Gemma's norms and
+# sliding windows, Phi-3's fused projections, an MoE, GLM-4's post-norms. The whole
+# matrix runs them all: python -m vllm_x86.models.suite --modes int8-eager,int4-eager
+QUANT_CI_ARCHS = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Gemma3ForCausalLM",
+    "Phi3ForCausalLM",
+    "Glm4ForCausalLM",
+)
 
 
 def known_failure(arch: Arch, mode: str) -> str | None:
     return arch.known.get(mode) or arch.known.get("*")
+
+
+def not_run_reason(arch: Arch, mode: str) -> str | None:
+    """Why the suite does not run `mode` for `arch`: the row's ``skip``, or for a
+    quantized mode an architecture that fails bf16 eager (the quantized modes run in
+    bf16; that reason stands for them)."""
+    if arch.skip:
+        return arch.skip
+    if mode in QUANT_MODES:
+        bf16 = known_failure(arch, "bf16-eager")
+        if bf16:
+            return f"not run: bf16 eager does not pass ({bf16})"
+    return None
