@@ -86,6 +86,7 @@ class Prepared:
     refs: dict[str, dict] = field(default_factory=dict)  # ref_key -> reference
     error: str | None = None  # no checkpoint: nothing can run
     ref_errors: dict[str, str] = field(default_factory=dict)  # ref_key -> why no reference
+    plans: dict[str, dict] = field(default_factory=dict)  # quant -> quantize_plan()
 
 
 def prepare(arch: Arch, root: Path | None = None, modes: tuple[str, ...] = ()) -> Prepared:
@@ -108,6 +109,15 @@ def prepare(arch: Arch, root: Path | None = None, modes: tuple[str, ...] = ()) -
 def fill_references(
     prep: Prepared, cache_dir: Path | None = None, quants: tuple[str, ...] = ()
 ) -> None:
+    for quant in quants:
+        try:
+            prep.plans[quant] = quantize_plan(Path(prep.model_dir), quant)
+        except Exception as e:
+            msg = str(e).splitlines()[0][:300]
+            prep.ref_errors[ref_key("float32", quant)] = (
+                f"fake-quantizing the transformers model as {quant} fails: "
+                f"{type(e).__name__}: {msg}"
+            )
     for quant in ("", *quants):
         for d in ("float32", "bfloat16"):
             key = ref_key(d, quant)
@@ -121,6 +131,40 @@ def fill_references(
                 prep.ref_errors[key] = (
                     f"the transformers {what} reference fails: {type(e).__name__}: {msg}"
                 )
+
+
+def quantize_plan(model_dir: Path, quant: str) -> dict:
+    """What the reference's fake quantization quantizes in the checkpoint's transformers
+    model: {"weights": quantized weight elements, "tensors": how many tensors}. Run on
+    the meta device (the choice depends on names and shapes only)."""
+    import torch
+    from transformers import AutoConfig
+
+    from vllm_x86.quant.fake import fake_quantize
+
+    cfg = AutoConfig.from_pretrained(str(model_dir))
+    with torch.device("meta"):
+        model = tiny.model_class(cfg.architectures[0])._from_config(cfg, dtype=torch.bfloat16)
+    report = fake_quantize(model, quant)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    done = [k for k, v in report.items() if v.startswith("int")]
+    return {"weights": sum(params[k].numel() for k in done), "tensors": len(done)}
+
+
+def quant_inventory(model) -> dict:
+    """What vLLM quantized (runs inside the worker): {"weights": elements of the layers
+    running INT8/INT4 kernels, "layers": how many}."""
+    weights = layers = 0
+    for mod in model.modules():
+        if getattr(mod, "x86_quantized", False):
+            n, k = mod.x86_shape
+        elif getattr(mod, "x86_lm_head", False):
+            n, k = mod.weight.shape
+        else:
+            continue
+        weights += n * k
+        layers += 1
+    return {"weights": weights, "layers": layers}
 
 
 # ----------------------------------------------------------------------------- vLLM worker
@@ -170,6 +214,8 @@ def _run_one(job: dict) -> dict:
         }
         if job.get("inventory"):
             res["ops"] = llm.apply_model(op_inventory)[0]
+        if (job.get("engine_args") or {}).get("quantization"):
+            res["quantized"] = llm.apply_model(quant_inventory)[0]
         if job.get("speed_tokens"):
             res["speed"] = _speed(llm, job["prompt"], job["speed_tokens"])
         return res
@@ -433,6 +479,8 @@ def judge(prep: Prepared, mode: str, res: dict) -> Verdict:
     for d in ("float32", dtype):
         if ref_key(d, quant) in prep.ref_errors:
             return Verdict(False, prep.ref_errors[ref_key(d, quant)] + " (vLLM ran)", {})
+        if ref_key(d, quant) not in prep.refs:
+            return Verdict(False, f"no {ref_key(d, quant)} reference was prepared", {})
     f32 = prep.refs[ref_key("float32", quant)]
     fq = f" fake-{quant}" if quant else ""  # which reference, in the reasons
     got = res["tokens"]
@@ -455,6 +503,20 @@ def judge(prep: Prepared, mode: str, res: dict) -> Verdict:
             return Verdict(False, f"logprob error {err:.2e} > {FP32_LOGPROB_TOL:g}", m)
         return Verdict(True, "", m)
     # bf16, and the quantized modes against their fake-quantized references
+    if quant:  # first: the same weights quantized on both sides
+        plan, got_q = prep.plans.get(quant), res.get("quantized")
+        m["quantized_weights"] = got_q and got_q["weights"]
+        m["reference_quantized_weights"] = plan and plan["weights"]
+        if plan is None or got_q is None:
+            return Verdict(False, f"no count of the {quant} weights of vLLM or the reference", m)
+        if got_q["weights"] != plan["weights"]:
+            return Verdict(
+                False,
+                f"vLLM runs {got_q['weights']} weights in {got_q['layers']} layers with "
+                f"{quant}'s kernels, the reference quantizes {plan['weights']} in "
+                f"{plan['tensors']} tensors (quant/scope.py's rule)",
+                m,
+            )
     b16 = prep.refs[ref_key("bfloat16", quant)]
     hf_err = max(
         _max_abs(b16["prompt_logprobs"], f32["prompt_logprobs"]),
