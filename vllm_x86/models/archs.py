@@ -649,6 +649,10 @@ ARCHS: tuple[Arch, ...] = (
             "num_experts": 4,
             "mamba_dt_rank": 8,
         },
+        known={
+            "int8-eager": "vLLM 0.32 builds Jamba's Mamba-1 mixers (models/jamba.py: MambaMixer, layers/mamba/mamba_mixer.py) without the quantization config, so their in_proj, x_proj, dt_proj and out_proj stay bf16 under --quantization: vLLM runs 294912 weights with the INT8 kernels (attention and MLP), quant/scope.py's rule and the reference 491520 (the two mixers' in_proj and out_proj too)",
+            "int4-eager": "vLLM 0.32 builds Jamba's Mamba-1 mixers (models/jamba.py: MambaMixer, layers/mamba/mamba_mixer.py) without the quantization config, so their in_proj, x_proj, dt_proj and out_proj stay bf16 under --quantization: vLLM runs 294912 weights with the INT4 kernels (attention and MLP), quant/scope.py's rule and the reference 491520 (the two mixers' in_proj and out_proj too)",
+        },
     ),
     # --- dense, other families
     Arch(
