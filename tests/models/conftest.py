@@ -3,8 +3,10 @@
 --arch NAME     run the conformance suite for one architecture (repeatable, or
                 comma-separated), e.g. --arch Qwen3ForCausalLM
 --modes LIST    the conformance modes to run, comma-separated, or "all" (default:
-                fp32-eager,bf16-eager, which fits the CI budget of 15 minutes on 2 cores;
-                compiled mode costs 8-20 s of Inductor per case)
+                fp32-eager,bf16-eager for every architecture, and int8-eager,int4-eager
+                for the few of archs.py QUANT_CI_ARCHS, which fits the CI budget of 15
+                minutes on 2 cores; compiled mode costs 8-20 s of Inductor per case).
+                Modes named here run for every architecture chosen.
 --write-matrix  after the run, render docs/supported_models.md (and .json) from the
                 merged results
 --conformance-workers N
@@ -31,16 +33,28 @@ DEFAULT_MODES = ("fp32-eager", "bf16-eager")
 
 
 def conformance_modes(config) -> tuple[str, ...]:
-    from vllm_x86.models.archs import MODES
+    from vllm_x86.models.archs import MODES, QUANT_MODES
 
     raw = config.getoption("--modes")
     if raw == "all":
         return MODES
-    modes = tuple(m for m in raw.split(",") if m) or DEFAULT_MODES
+    if not raw:
+        return DEFAULT_MODES + QUANT_MODES
+    modes = tuple(m for m in raw.split(",") if m)
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ValueError(f"--modes: unknown mode(s) {bad}; known: {', '.join(MODES)}")
     return modes
+
+
+def conformance_mode_archs(config) -> dict[str, set[str]]:
+    """Modes restricted to some architectures: without --modes, the quantized ones run
+    for QUANT_CI_ARCHS only (run_suite's `mode_archs`)."""
+    from vllm_x86.models.archs import QUANT_CI_ARCHS, QUANT_MODES
+
+    if config.getoption("--modes"):
+        return {}
+    return {m: set(QUANT_CI_ARCHS) for m in QUANT_MODES}
 
 
 def pytest_generate_tests(metafunc):
@@ -53,5 +67,6 @@ def pytest_generate_tests(metafunc):
     if unknown:
         raise ValueError(f"--arch: unknown architecture(s) {unknown}; see vllm_x86/models/archs.py")
     modes = conformance_modes(metafunc.config)
-    cases = [(n, m) for n in names for m in modes]
+    only = conformance_mode_archs(metafunc.config)
+    cases = [(n, m) for n in names for m in modes if m not in only or n in only[m]]
     metafunc.parametrize("conformance_case", cases, ids=[f"{n}-{m}" for n, m in cases])

@@ -8,7 +8,8 @@ vllm_x86/models/conformance.py defines them (tolerances there and in
 docs/supported_models.md). A case that archs.py marks as failing, with the reason, is
 an xfail; one that passes anyway fails the suite until the table is updated.
 
-    pytest tests/models/test_conformance.py -m slow                   # eager, fp32 + bf16
+    pytest tests/models/test_conformance.py -m slow                   # eager, fp32 + bf16,
+                                                                      # INT8/INT4 for a few
     pytest tests/models/test_conformance.py -m slow --modes all       # + compiled
     pytest tests/models/test_conformance.py -m slow --arch Qwen3ForCausalLM
     pytest tests/models/test_conformance.py -m slow --modes all --write-matrix
@@ -23,7 +24,7 @@ from vllm_x86.models.archs import BY_NAME
 
 @pytest.fixture(scope="session")
 def conformance_results(request):
-    from tests.models.conftest import conformance_modes
+    from tests.models.conftest import conformance_mode_archs, conformance_modes
     from vllm_x86.models.suite import default_results_path, run_suite, select
 
     cfg = request.config
@@ -36,6 +37,7 @@ def conformance_results(request):
         path,
         log=lambda s: print(s, flush=True),
         workers=cfg.getoption("--conformance-workers"),
+        mode_archs=conformance_mode_archs(cfg),
     )
     if cfg.getoption("--write-matrix"):
         from vllm_x86.models.matrix import write

@@ -152,6 +152,10 @@ def test_matrix_renders_counts_and_reasons(tmp_path):
     }
     md = matrix.render(data)
     assert "**1 of 2 architectures pass in fp32 eager, 2 in bf16 eager.**" in md
+    assert "1 of 1 run pass with `--quantization x86_int8`, 1 of 1 with `x86_int4`" in md
+    assert "| INT8 eager | INT4 eager |" in md
+    row = next(ln for ln in md.splitlines() if ln.startswith("| `LlamaForCausalLM`"))
+    assert row.count("| pass ") == len(MODES)
     assert "no CPU selective scan" in md
     assert "`meta-llama/Llama-3.1-8B-Instruct`" in md
     # a failure the table explains shows the table's reason
@@ -173,6 +177,82 @@ def test_matrix_renders_counts_and_reasons(tmp_path):
 def test_mode_names_parse(mode):
     dtype, eager = conf.mode_parts(mode)
     assert dtype in ("float32", "bfloat16") and eager == mode.endswith("eager")
+    quant = conf.mode_quant(mode)
+    assert quant == {"int8": "x86_int8", "int4": "x86_int4"}.get(mode.split("-")[0], "")
+    assert quant == "" or dtype == "bfloat16"  # weight-only: bf16 activations
+
+
+def test_quant_job_asks_for_the_method_and_keeps_the_rows_engine_args():
+    prep = conf.Prepared("X", "/x", [1, 2])
+    job = conf.make_job(prep, "int4-eager", {"block_size": 32})
+    assert job["engine_args"] == {"block_size": 32, "quantization": "x86_int4"}
+    assert job["dtype"] == "bfloat16" and job["eager"]
+    assert "quantization" not in conf.make_job(prep, "bf16-eager", {})["engine_args"]
+
+
+def test_quant_verdict_is_against_the_fake_quantized_references():
+    """int8/int4 judge by the bf16 rule against the fake-quantized references; the plain
+    ones only give the unquantized_lp_err metric."""
+    plain = _prep([1, 2], [1.0, 1.0], lp=-1.0, lp16=-1.0)
+    fq = _prep([1, 2], [1.0, 1.0], lp=-2.0, lp16=-2.0)
+    prep = conf.Prepared("X", "/x", [1] * 6, dict(plain.refs))
+    prep.refs.update({conf.ref_key(d, "x86_int8"): r for d, r in fq.refs.items()})
+    prep.plans["x86_int8"] = {"weights": 1000, "tensors": 4}
+
+    def res(lp, weights=1000):
+        return {**_res([1, 2], lp=lp), "quantized": {"weights": weights, "layers": 2}}
+
+    v = conf.judge(prep, "int8-eager", res(-2.0))
+    assert v.ok and v.metrics["unquantized_lp_err"] == pytest.approx(1.0)
+    v = conf.judge(prep, "int8-eager", res(-1.0))  # unquantized answer
+    assert not v.ok and "prompt logprob error 1 >" in v.reason
+    assert "fake-x86_int8" in v.reason
+    # the same values, but vLLM quantized other weights than the rule says
+    v = conf.judge(prep, "int8-eager", res(-2.0, weights=600))
+    assert not v.ok and "vLLM runs 600 weights in 2 layers" in v.reason
+    assert "the reference quantizes 1000 in 4 tensors" in v.reason
+    assert not conf.judge(prep, "int8-eager", _res([1, 2], lp=-2.0)).ok  # no count
+    assert not conf.judge(prep, "int4-eager", res(-2.0)).ok  # no int4 reference
+    prep.ref_errors[conf.ref_key("bfloat16", "x86_int8")] = "the reference fails: X"
+    v = conf.judge(prep, "int8-eager", res(-2.0))
+    assert not v.ok and "the reference fails" in v.reason
+
+
+def test_quantize_plan_counts_what_the_reference_quantizes(tmp_path):
+    from transformers import Qwen3Config
+
+    cfg = Qwen3Config(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=512,
+    )
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    cfg.save_pretrained(str(tmp_path))
+    per_layer = 128 * 128 + 2 * 64 * 128 + 128 * 128 + 3 * 256 * 128  # q k v o, MLP
+    for quant in ("x86_int8", "x86_int4"):
+        assert conf.quantize_plan(tmp_path, quant) == {"weights": 2 * per_layer, "tensors": 14}
+
+
+def test_quant_modes_of_an_architecture_failing_bf16_are_not_run():
+    from vllm_x86.models.archs import QUANT_CI_ARCHS, QUANT_MODES, not_run_reason
+
+    for a in ARCHS:
+        bf16 = a.known.get("bf16-eager") or a.known.get("*")
+        for mode in QUANT_MODES:
+            why = not_run_reason(a, mode)
+            if a.skip:
+                assert why == a.skip
+            elif bf16:
+                assert why and bf16 in why, a.name
+            else:
+                assert why is None, a.name
+        assert not_run_reason(a, "bf16-eager") == (a.skip or None)
+    for name in QUANT_CI_ARCHS:  # the CI's few all run quantized
+        assert not_run_reason(BY_NAME[name], "int8-eager") is None
 
 
 def test_check_shrinks_a_users_config_and_keeps_its_features(tmp_path):

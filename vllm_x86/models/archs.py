@@ -7,10 +7,11 @@ matrix), the features the tiny checkpoint keeps, and the config arguments that d
 from the generic shrink in ``tiny.py``.
 
 ``known`` maps a mode ("fp32-eager", "bf16-eager", "fp32-compiled", "bf16-compiled",
-or "*" for all) to the reason the architecture does not pass there: a missing
-capability named precisely. The suite marks those cases xfail (strict: a case that
-starts passing fails the suite until its row is updated) and the matrix prints the
-reason.
+"int8-eager", "int4-eager", or "*" for all) to the reason the architecture does not
+pass there: a missing capability named precisely. The suite marks those cases xfail
+(strict: a case that starts passing fails the suite until its row is updated) and the
+matrix prints the reason. The quantized modes of an architecture that fails bf16 eager
+are not run (``not_run_reason``): bf16's reason stands for them.
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ ARCHS: tuple[Arch, ...] = (
         # vLLM needs the chunk to be a multiple of the KV block; the CPU backend's
         # smallest block is 32, so the 40-token sequence spans two chunks
         engine={"block_size": 32},
+        known={
+            "int4-eager": "not diagnosed yet: the same weights are quantized on both sides (vLLM's count equals the reference's) and bf16 eager passes, but prompt log-probs are off by 2.11 (tolerance 0.98); an MoE",
+        },
     ),
     # --- Qwen
     Arch(
@@ -142,6 +146,9 @@ ARCHS: tuple[Arch, ...] = (
             "num_hidden_layers": 4,
         },
         family="Qwen3-Next",
+        known={
+            "int8-eager": "not diagnosed yet: the same weights are quantized on both sides (vLLM's count equals the reference's) and bf16 eager passes, but prompt log-probs are off by 5.26 (tolerance 4.65; transformers' own bf16 error 1.14); an MoE",
+        },
     ),
     Arch(
         "Qwen3_5ForCausalLM",
@@ -164,6 +171,10 @@ ARCHS: tuple[Arch, ...] = (
             "num_hidden_layers": 4,
         },
         family="Qwen3.5",
+        known={
+            "int8-eager": "not diagnosed yet: the same weights are quantized on both sides (vLLM's count equals the reference's) and bf16 eager passes, but greedy token 1 differs (454 vs 509, not among the fake-quantized fp32 reference's 8 best); an MoE",
+            "int4-eager": "not diagnosed yet: the same weights are quantized on both sides (vLLM's count equals the reference's) and bf16 eager passes, but greedy token 1 differs (88 vs 110, not among the fake-quantized fp32 reference's 8 best); an MoE",
+        },
     ),
     Arch(
         "Qwen4ExpForCausalLM",
@@ -221,6 +232,9 @@ ARCHS: tuple[Arch, ...] = (
             "topk_group": 1,
         },
         family="DeepSeek-V2/V3",
+        known={
+            "int4-eager": "not diagnosed yet: the same weights are quantized on both sides (vLLM's count equals the reference's) and bf16 eager passes, but greedy token 1 differs (464 vs 399, 2.13 below the best logit, tolerance 0.44) while the prompt log-probs agree (0.079); MLA + MoE",
+        },
     ),
     Arch(
         "DeepseekV32ForCausalLM",
@@ -534,6 +548,9 @@ ARCHS: tuple[Arch, ...] = (
         "ExaoneMoeForCausalLM",
         ("LGAI-EXAONE/K-EXAONE-236B-A23B",),
         "MoE with shared expert, sliding window",
+        known={
+            "int8-eager": "not diagnosed yet: the same weights are quantized on both sides (vLLM's count equals the reference's) and bf16 eager passes, but greedy token 0 differs (457 vs 413, not among the fake-quantized fp32 reference's 8 best); an MoE",
+        },
     ),
     Arch(
         "HYV3ForCausalLM",
@@ -580,6 +597,9 @@ ARCHS: tuple[Arch, ...] = (
         "LagunaForCausalLM",
         ("poolside/Laguna",),
         "MoE, gated attention, per-layer heads, partial rotary",
+        known={
+            "int8-eager": "not diagnosed yet: the same weights are quantized on both sides (vLLM's count equals the reference's) and bf16 eager passes, but prompt log-probs are off by 1.06 (tolerance 0.72); an MoE",
+        },
     ),
     Arch(
         "Lfm2MoeForCausalLM",
@@ -596,6 +616,10 @@ ARCHS: tuple[Arch, ...] = (
         ("MiniMaxAI/MiniMax-M2",),
         "MoE sigmoid routing, q/k norms, partial rotary",
         {"rotary_dim": 16, "scoring_func": "sigmoid", "use_routing_bias": True},
+        known={
+            "int8-eager": "not diagnosed yet: the same weights are quantized on both sides (vLLM's count equals the reference's) and bf16 eager passes, but greedy token 2 differs (11 vs 386, not among the fake-quantized fp32 reference's 8 best; prompt log-probs off by 3.29, tolerance 0.64); an MoE with sigmoid routing",
+            "int4-eager": "not diagnosed yet: the same weights are quantized on both sides (vLLM's count equals the reference's) and bf16 eager passes, but prompt log-probs are off by 2.04 (tolerance 1.30); an MoE with sigmoid routing",
+        },
     ),
     Arch(
         "JambaForCausalLM",
@@ -609,6 +633,10 @@ ARCHS: tuple[Arch, ...] = (
             "expert_layer_offset": 1,
             "num_experts": 4,
             "mamba_dt_rank": 8,
+        },
+        known={
+            "int8-eager": "vLLM 0.32 builds Jamba's Mamba-1 mixers (models/jamba.py: MambaMixer, layers/mamba/mamba_mixer.py) without the quantization config, so their in_proj, x_proj, dt_proj and out_proj stay bf16 under --quantization: vLLM runs 294912 weights with the INT8 kernels (attention and MLP), quant/scope.py's rule and the reference 491520 (the two mixers' in_proj and out_proj too)",
+            "int4-eager": "vLLM 0.32 builds Jamba's Mamba-1 mixers (models/jamba.py: MambaMixer, layers/mamba/mamba_mixer.py) without the quantization config, so their in_proj, x_proj, dt_proj and out_proj stay bf16 under --quantization: vLLM runs 294912 weights with the INT4 kernels (attention and MLP), quant/scope.py's rule and the reference 491520 (the two mixers' in_proj and out_proj too)",
         },
     ),
     # --- dense, other families
@@ -690,12 +718,20 @@ ARCHS: tuple[Arch, ...] = (
         ("state-spaces/mamba-130m-hf",),
         "Mamba-1 selective scan",
         {"state_size": 16, "time_step_rank": 8},
+        known={
+            "int8-eager": "vLLM 0.32's Mamba-1 mixer takes no quantization config: models/mamba.py builds MambaMixer (layers/mamba/mamba_mixer.py) without quant_config, so its in_proj, x_proj, dt_proj and out_proj stay bf16 under --quantization; vLLM runs 0 weights with the INT8 kernels where quant/scope.py's rule (and the reference) quantizes 196608 (in_proj and out_proj of both layers)",
+            "int4-eager": "vLLM 0.32's Mamba-1 mixer takes no quantization config: models/mamba.py builds MambaMixer (layers/mamba/mamba_mixer.py) without quant_config, so its in_proj, x_proj, dt_proj and out_proj stay bf16 under --quantization; vLLM runs 0 weights with the INT4 kernels where quant/scope.py's rule (and the reference) quantizes 196608 (in_proj and out_proj of both layers)",
+        },
     ),
     Arch(
         "FalconMambaForCausalLM",
         ("tiiuae/falcon-mamba-7b",),
         "Mamba-1 with RMS-normed B/C/dt",
         {"state_size": 16, "time_step_rank": 8},
+        known={
+            "int8-eager": "vLLM 0.32's Mamba-1 mixer takes no quantization config: models/mamba.py builds MambaMixer (layers/mamba/mamba_mixer.py) without quant_config, so its in_proj, x_proj, dt_proj and out_proj stay bf16 under --quantization; vLLM runs 0 weights with the INT8 kernels where quant/scope.py's rule (and the reference) quantizes 196608 (in_proj and out_proj of both layers)",
+            "int4-eager": "vLLM 0.32's Mamba-1 mixer takes no quantization config: models/mamba.py builds MambaMixer (layers/mamba/mamba_mixer.py) without quant_config, so its in_proj, x_proj, dt_proj and out_proj stay bf16 under --quantization; vLLM runs 0 weights with the INT4 kernels where quant/scope.py's rule (and the reference) quantizes 196608 (in_proj and out_proj of both layers)",
+        },
     ),
     Arch(
         "Mamba2ForCausalLM",
@@ -750,12 +786,44 @@ ARCHS: tuple[Arch, ...] = (
             # Zyphra checkpoint); vLLM's zamba2.py builds it without GQA
             "num_key_value_heads": 4,
         },
+        known={
+            "int8-eager": "not diagnosed yet: the same weights are quantized on both sides (vLLM's count equals the reference's) and bf16 eager passes, but greedy token 0 differs (135 vs 40, not among the fake-quantized fp32 reference's 8 best); transformers' own bf16 error is large here (3.7; tolerance 14.9)",
+        },
     ),
 )
 
 BY_NAME: dict[str, Arch] = {a.name: a for a in ARCHS}
-MODES = ("fp32-eager", "bf16-eager", "fp32-compiled", "bf16-compiled")
+MODES = ("fp32-eager", "bf16-eager", "fp32-compiled", "bf16-compiled", "int8-eager", "int4-eager")
+# bf16 models served with --quantization x86_int8 / x86_int4 (conformance.py QUANT)
+QUANT_MODES = ("int8-eager", "int4-eager")
+# The architectures whose quantized modes the pytest suite runs by default (the CI
+# budget): dense Llama-likes with and without biases, q/k norms, Gemma's norms and
+# sliding windows, Phi-3's fused projections, an MoE, GLM-4's post-norms. The whole
+# matrix runs them all: python -m vllm_x86.models.suite --modes int8-eager,int4-eager
+QUANT_CI_ARCHS = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Gemma3ForCausalLM",
+    "Phi3ForCausalLM",
+    "Glm4ForCausalLM",
+)
 
 
 def known_failure(arch: Arch, mode: str) -> str | None:
     return arch.known.get(mode) or arch.known.get("*")
+
+
+def not_run_reason(arch: Arch, mode: str) -> str | None:
+    """Why the suite does not run `mode` for `arch`: the row's ``skip``, or for a
+    quantized mode an architecture that fails bf16 eager (the quantized modes run in
+    bf16; that reason stands for them)."""
+    if arch.skip:
+        return arch.skip
+    if mode in QUANT_MODES:
+        bf16 = known_failure(arch, "bf16-eager")
+        if bf16:
+            return f"not run: bf16 eager does not pass ({bf16})"
+    return None

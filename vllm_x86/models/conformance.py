@@ -25,6 +25,13 @@ bf16
     nothing after that point is compared). Log-probabilities (against float32) no further off than
     ``BF16_ERR_FACTOR`` times transformers' own bf16 error on the same prompt, plus
     ``BF16_LOGPROB_FLOOR``.
+int8, int4
+    vLLM in bf16 with ``quantization="x86_int8"`` / ``"x86_int4"`` (default options),
+    judged by the bf16 rule against transformers with the same weights quantized and
+    dequantized by the plugin's own functions (quant/fake.py): its float32 and bf16
+    runs take the places of the plain float32 and bf16 references. Quantization error
+    is thus in the reference too; what is checked is the kernels and which layers are
+    quantized.
 """
 
 from __future__ import annotations
@@ -48,13 +55,24 @@ FP32_LOGPROB_TOL = 2e-3
 BF16_ERR_FACTOR = 4.0
 BF16_LOGPROB_FLOOR = 0.1
 MAX_MODEL_LEN = 64
-DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "bfloat16", "int4": "bfloat16"}
+QUANT = {"int8": "x86_int8", "int4": "x86_int4"}  # weight-only methods, bf16 activations
 
 
 def mode_parts(mode: str) -> tuple[str, bool]:
-    """ "bf16-eager" -> ("bfloat16", True)."""
+    """ "bf16-eager" -> ("bfloat16", True); "int4-eager" -> ("bfloat16", True)."""
     dt, _, how = mode.partition("-")
     return DTYPES[dt], how == "eager"
+
+
+def mode_quant(mode: str) -> str:
+    """ "int4-eager" -> "x86_int4"; "" for the unquantized modes."""
+    return QUANT.get(mode.partition("-")[0], "")
+
+
+def ref_key(dtype_name: str, quant: str = "") -> str:
+    """The key of a reference in ``Prepared.refs``: "float32", "x86_int8:bfloat16"."""
+    return f"{quant}:{dtype_name}" if quant else dtype_name
 
 
 # ----------------------------------------------------------------------------- prepare
@@ -65,12 +83,15 @@ class Prepared:
     arch: str
     model_dir: str
     prompt: list[int]
-    refs: dict[str, dict] = field(default_factory=dict)  # dtype name -> reference
+    refs: dict[str, dict] = field(default_factory=dict)  # ref_key -> reference
     error: str | None = None  # no checkpoint: nothing can run
-    ref_errors: dict[str, str] = field(default_factory=dict)  # dtype name -> why no reference
+    ref_errors: dict[str, str] = field(default_factory=dict)  # ref_key -> why no reference
+    plans: dict[str, dict] = field(default_factory=dict)  # quant -> quantize_plan()
 
 
-def prepare(arch: Arch, root: Path | None = None) -> Prepared:
+def prepare(arch: Arch, root: Path | None = None, modes: tuple[str, ...] = ()) -> Prepared:
+    """The checkpoint and the plain references, plus the fake-quantized references of
+    the quantized ones among `modes`."""
     try:
         cfg = tiny.tiny_config(arch.name, arch.extra)
         model_dir = tiny.build(
@@ -80,19 +101,70 @@ def prepare(arch: Arch, root: Path | None = None) -> Prepared:
     except Exception as e:  # reported as the case's failure, with the reason
         return Prepared(arch.name, "", [], error=f"transformers: {type(e).__name__}: {e}")
     prep = Prepared(arch.name, str(model_dir), prompt)
-    fill_references(prep)
+    quants = tuple(dict.fromkeys(q for q in map(mode_quant, modes) if q))
+    fill_references(prep, quants=quants)
     return prep
 
 
-def fill_references(prep: Prepared, cache_dir: Path | None = None) -> None:
-    for d in ("float32", "bfloat16"):
+def fill_references(
+    prep: Prepared, cache_dir: Path | None = None, quants: tuple[str, ...] = ()
+) -> None:
+    for quant in quants:
         try:
-            prep.refs[d] = tiny.cached_reference(
-                Path(prep.model_dir), d, prep.prompt, NEW_TOKENS, cache_dir
-            )
+            prep.plans[quant] = quantize_plan(Path(prep.model_dir), quant)
         except Exception as e:
             msg = str(e).splitlines()[0][:300]
-            prep.ref_errors[d] = f"the transformers {d} reference fails: {type(e).__name__}: {msg}"
+            prep.ref_errors[ref_key("float32", quant)] = (
+                f"fake-quantizing the transformers model as {quant} fails: "
+                f"{type(e).__name__}: {msg}"
+            )
+    for quant in ("", *quants):
+        for d in ("float32", "bfloat16"):
+            key = ref_key(d, quant)
+            try:
+                prep.refs[key] = tiny.cached_reference(
+                    Path(prep.model_dir), d, prep.prompt, NEW_TOKENS, cache_dir, quant
+                )
+            except Exception as e:
+                msg = str(e).splitlines()[0][:300]
+                what = f"{d}, weights fake-quantized as {quant}" if quant else d
+                prep.ref_errors[key] = (
+                    f"the transformers {what} reference fails: {type(e).__name__}: {msg}"
+                )
+
+
+def quantize_plan(model_dir: Path, quant: str) -> dict:
+    """What the reference's fake quantization quantizes in the checkpoint's transformers
+    model: {"weights": quantized weight elements, "tensors": how many tensors}. Run on
+    the meta device (the choice depends on names and shapes only)."""
+    import torch
+    from transformers import AutoConfig
+
+    from vllm_x86.quant.fake import fake_quantize
+
+    cfg = AutoConfig.from_pretrained(str(model_dir))
+    with torch.device("meta"):
+        model = tiny.model_class(cfg.architectures[0])._from_config(cfg, dtype=torch.bfloat16)
+    report = fake_quantize(model, quant)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    done = [k for k, v in report.items() if v.startswith("int")]
+    return {"weights": sum(params[k].numel() for k in done), "tensors": len(done)}
+
+
+def quant_inventory(model) -> dict:
+    """What vLLM quantized (runs inside the worker): {"weights": elements of the layers
+    running INT8/INT4 kernels, "layers": how many}."""
+    weights = layers = 0
+    for mod in model.modules():
+        if getattr(mod, "x86_quantized", False):
+            n, k = mod.x86_shape
+        elif getattr(mod, "x86_lm_head", False):
+            n, k = mod.weight.shape
+        else:
+            continue
+        weights += n * k
+        layers += 1
+    return {"weights": weights, "layers": layers}
 
 
 # ----------------------------------------------------------------------------- vLLM worker
@@ -142,6 +214,8 @@ def _run_one(job: dict) -> dict:
         }
         if job.get("inventory"):
             res["ops"] = llm.apply_model(op_inventory)[0]
+        if (job.get("engine_args") or {}).get("quantization"):
+            res["quantized"] = llm.apply_model(quant_inventory)[0]
         if job.get("speed_tokens"):
             res["speed"] = _speed(llm, job["prompt"], job["speed_tokens"])
         return res
@@ -360,6 +434,9 @@ def run_jobs_parallel(jobs: list[dict], workers: int = 1, log=None, **kw) -> dic
 
 def make_job(prep: Prepared, mode: str, engine_args: dict | None = None) -> dict:
     dtype, eager = mode_parts(mode)
+    engine_args = dict(engine_args or {})
+    if mode_quant(mode):
+        engine_args["quantization"] = mode_quant(mode)
     return {
         "id": f"{prep.arch}:{mode}",
         "model": prep.model_dir,
@@ -367,7 +444,7 @@ def make_job(prep: Prepared, mode: str, engine_args: dict | None = None) -> dict
         "eager": eager,
         "prompt": prep.prompt,
         "max_tokens": NEW_TOKENS,
-        "engine_args": engine_args or {},
+        "engine_args": engine_args,
     }
 
 
@@ -396,12 +473,16 @@ def judge(prep: Prepared, mode: str, res: dict) -> Verdict:
     if prep.error:
         return Verdict(False, prep.error, {})
     dtype, _ = mode_parts(mode)
+    quant = mode_quant(mode)
     if not res.get("ok"):
         return Verdict(False, f"vLLM: {res.get('error', 'no result')}", {})
     for d in ("float32", dtype):
-        if d in prep.ref_errors:
-            return Verdict(False, prep.ref_errors[d] + " (vLLM ran)", {})
-    f32 = prep.refs["float32"]
+        if ref_key(d, quant) in prep.ref_errors:
+            return Verdict(False, prep.ref_errors[ref_key(d, quant)] + " (vLLM ran)", {})
+        if ref_key(d, quant) not in prep.refs:
+            return Verdict(False, f"no {ref_key(d, quant)} reference was prepared", {})
+    f32 = prep.refs[ref_key("float32", quant)]
+    fq = f" fake-{quant}" if quant else ""  # which reference, in the reasons
     got = res["tokens"]
     m: dict[str, Any] = {"seconds": res.get("seconds"), "start_s": res.get("start_s")}
     if dtype == "float32":
@@ -421,8 +502,22 @@ def judge(prep: Prepared, mode: str, res: dict) -> Verdict:
         if err > FP32_LOGPROB_TOL:
             return Verdict(False, f"logprob error {err:.2e} > {FP32_LOGPROB_TOL:g}", m)
         return Verdict(True, "", m)
-    # bf16
-    b16 = prep.refs["bfloat16"]
+    # bf16, and the quantized modes against their fake-quantized references
+    if quant:  # first: the same weights quantized on both sides
+        plan, got_q = prep.plans.get(quant), res.get("quantized")
+        m["quantized_weights"] = got_q and got_q["weights"]
+        m["reference_quantized_weights"] = plan and plan["weights"]
+        if plan is None or got_q is None:
+            return Verdict(False, f"no count of the {quant} weights of vLLM or the reference", m)
+        if got_q["weights"] != plan["weights"]:
+            return Verdict(
+                False,
+                f"vLLM runs {got_q['weights']} weights in {got_q['layers']} layers with "
+                f"{quant}'s kernels, the reference quantizes {plan['weights']} in "
+                f"{plan['tensors']} tensors (quant/scope.py's rule)",
+                m,
+            )
+    b16 = prep.refs[ref_key("bfloat16", quant)]
     hf_err = max(
         _max_abs(b16["prompt_logprobs"], f32["prompt_logprobs"]),
         _max_abs(b16["logprobs"][:1], f32["logprobs"][:1]),
@@ -431,6 +526,11 @@ def judge(prep: Prepared, mode: str, res: dict) -> Verdict:
     m["hf_bf16_lp_err"] = hf_err
     m["prompt_lp_err"] = _max_abs(res["prompt_logprobs"], f32["prompt_logprobs"])
     m["lp_tol"] = tol
+    if quant and "float32" in prep.refs:  # how far the plain reference is: what a
+        # quantization that missed its layers would be judged by
+        m["unquantized_lp_err"] = _max_abs(
+            res["prompt_logprobs"], prep.refs["float32"]["prompt_logprobs"]
+        )
     tie_tol = tol  # a logit gap below the logprob tolerance is a tie in bf16
     d32 = first_difference(got, f32["tokens"])
     d16 = first_difference(got, b16["tokens"])
@@ -451,16 +551,16 @@ def judge(prep: Prepared, mode: str, res: dict) -> Verdict:
             )
             return Verdict(
                 False,
-                f"greedy token {d32} differs from transformers fp32 ({got[d32]} vs "
+                f"greedy token {d32} differs from transformers{fq} fp32 ({got[d32]} vs "
                 f"{f32['tokens'][d32]}): vLLM's token is {where} (bf16 tolerance "
-                f"{tie_tol:.3g}); bf16 transformers parts at {d16}",
+                f"{tie_tol:.3g}); bf16 transformers{fq} parts at {d16}",
                 m,
             )
     if m["prompt_lp_err"] > tol:
         return Verdict(
             False,
             f"prompt logprob error {m['prompt_lp_err']:.3g} > {tol:.3g} "
-            f"({BF16_ERR_FACTOR:g} x transformers' own bf16 error {hf_err:.3g} "
+            f"({BF16_ERR_FACTOR:g} x transformers{fq}' own bf16 error {hf_err:.3g} "
             f"+ {BF16_LOGPROB_FLOOR:g})",
             m,
         )

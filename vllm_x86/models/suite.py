@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from vllm_x86.models import conformance as conf
-from vllm_x86.models.archs import ARCHS, BY_NAME, MODES, Arch, known_failure
+from vllm_x86.models.archs import ARCHS, BY_NAME, MODES, Arch, known_failure, not_run_reason
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 DOCS_RESULTS = DOCS / "supported_models.json"
@@ -76,25 +76,34 @@ def run_suite(
     results_path: Path | None = None,
     log=print,
     workers: int = 1,
+    mode_archs: dict[str, set[str]] | None = None,
 ) -> dict[str, dict[str, dict]]:
     """Run and judge every (arch, mode); merge the verdicts into `results_path`.
+    `mode_archs` restricts a mode to some architectures (the others are left out of
+    the results, and their earlier results in `results_path` stay).
 
     Returns {arch: {mode: {"status", "reason", "metrics"}}} for this run. Status is
     "pass", "fail" (unexpected), "xfail" (fails as the table says it does, with the
     table's reason), "xpass" (the table says it fails but it passed) or "not run"."""
     results_path = results_path or default_results_path()
     t0 = time.monotonic()
+    mode_archs = mode_archs or {}
+
+    def wanted(a: Arch) -> list[str]:
+        return [m for m in modes if m not in mode_archs or a.name in mode_archs[m]]
+
     preps: dict[str, conf.Prepared] = {}
     jobs = []
     for a in archs:
-        if a.skip:
+        run = [m for m in wanted(a) if not not_run_reason(a, m)]
+        if not run:
             continue
-        p = conf.prepare(a)
+        p = conf.prepare(a, modes=tuple(run))
         preps[a.name] = p
         if p.error:
             log(f"[conformance] {a.name}: {p.error}")
             continue
-        for mode in modes:
+        for mode in run:
             jobs.append(conf.make_job(p, mode, a.engine))
     log(f"[conformance] {len(jobs)} vLLM runs for {len(preps)} architectures")
 
@@ -106,9 +115,10 @@ def run_suite(
     out: dict[str, dict[str, dict]] = {}
     for a in archs:
         out[a.name] = {}
-        for mode in modes:
-            if a.skip:
-                out[a.name][mode] = {"status": "not run", "reason": a.skip, "metrics": {}}
+        for mode in wanted(a):
+            why = not_run_reason(a, mode)
+            if why:
+                out[a.name][mode] = {"status": "not run", "reason": why, "metrics": {}}
                 continue
             p = preps[a.name]
             res = raw.get(f"{a.name}:{mode}", {"ok": False, "error": "no result"})

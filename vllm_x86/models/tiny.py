@@ -316,8 +316,13 @@ def _logits(model, seq: list[int], n_prefix: int):
     return model(torch.tensor([seq]), use_cache=False, **kwargs).logits[0].float()
 
 
-def reference(model_dir: Path, dtype_name: str, prompt: list[int], new_tokens: int) -> dict:
+def reference(
+    model_dir: Path, dtype_name: str, prompt: list[int], new_tokens: int, quant: str = ""
+) -> dict:
     """transformers' greedy continuation and log-probabilities, without a KV cache.
+
+    With `quant` ("x86_int8" or "x86_int4"), the weights that method quantizes are
+    first replaced by their quantized-then-dequantized values (quant/fake.py).
 
     Each step runs the whole sequence again: slower than a cache, but the cache code of
     an exotic architecture is then no part of the reference. Returns
@@ -330,6 +335,10 @@ def reference(model_dir: Path, dtype_name: str, prompt: list[int], new_tokens: i
 
     model = _load(model_dir, dtype_name)
     n_prefix = len(prompt) if prompt_is_prefix(model_dir) else 0
+    if quant:
+        from vllm_x86.quant.fake import fake_quantize
+
+        fake_quantize(model, quant)
     seq = list(prompt)
     with torch.no_grad():
         for _ in range(new_tokens):
@@ -366,16 +375,29 @@ def cached_reference(
     prompt: list[int],
     new_tokens: int,
     cache_dir: Path | None = None,
+    quant: str = "",
 ):
-    """``reference`` stored beside the checkpoint (or in `cache_dir`) and reused."""
+    """``reference`` stored beside the checkpoint (or in `cache_dir`) and reused. A
+    fake-quantized one (`quant`) is keyed by the quantization options and the code of
+    the modules that decide it (quant/scope.py, fake.py, methods.py)."""
     cache = Path(cache_dir or model_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    what = [REF_FORMAT, prompt] + (["prefix"] if prompt_is_prefix(Path(model_dir)) else [])
-    key = hashlib.sha256(json.dumps(what).encode()).hexdigest()[:8]
-    path = cache / f"reference-{dtype_name}-{key}-{new_tokens}.json"
+    parts: list = [REF_FORMAT, prompt] + (["prefix"] if prompt_is_prefix(Path(model_dir)) else [])
+    if quant:
+        from vllm_x86.quant import fake, methods, scope
+
+        opts = scope.options(fake.METHOD_BITS[quant])
+        code = [
+            hashlib.sha256(Path(mod.__file__).read_bytes()).hexdigest()
+            for mod in (fake, methods, scope)
+        ]
+        parts += [quant, list(opts), os.environ.get("VLLM_X86_QUANT_KERNEL", ""), code]
+    key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:8]
+    label = f"{dtype_name}-{quant}" if quant else dtype_name
+    path = cache / f"reference-{label}-{key}-{new_tokens}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    ref = reference(Path(model_dir), dtype_name, prompt, new_tokens)
+    ref = reference(Path(model_dir), dtype_name, prompt, new_tokens, quant)
     ref["prompt"] = list(prompt)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(ref))

@@ -23,9 +23,8 @@ from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase
 from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
-from vllm_x86 import envs
 from vllm_x86.quant import format as qformat
-from vllm_x86.quant import methods
+from vllm_x86.quant import methods, scope
 from vllm_x86.quant.methods import X86Int4Linear, X86Int8Linear
 
 GROUP_SIZES = (32, 64, 128)
@@ -54,22 +53,17 @@ class _X86QuantConfig(QuantizationConfig):
         lm_head: bool | None = None,
     ) -> None:
         super().__init__()
-        if group_size is None:
-            group_size = int(envs.get("VLLM_X86_QUANT_GROUP_SIZE"))
-        if zero_point is None:
-            zero_point = envs.get_bool("VLLM_X86_QUANT_ZERO_POINT")
+        group_size, zero_point, lm_head = scope.options(self.BITS, group_size, zero_point, lm_head)
         if self.BITS == 4 and group_size not in GROUP_SIZES:
             raise ValueError(f"x86_int4 group size must be one of {GROUP_SIZES}, not {group_size}")
         self.group_size = group_size
-        self.zero_point = bool(zero_point) and self.BITS == 4
+        self.zero_point = zero_point
         self.prepacked = prepacked
         self.layout = layout
         self.format_version = format_version
         # prepacked: the checkpoint's (unfused) names of the layers it holds packed
         self.quantized_layers = list(quantized_layers or [])
-        if lm_head is None:
-            lm_head = envs.get_bool("VLLM_X86_QUANT_LM_HEAD")
-        self.lm_head = bool(lm_head)
+        self.lm_head = lm_head
 
     def __repr__(self) -> str:
         extra = (
@@ -133,6 +127,8 @@ class _X86QuantConfig(QuantizationConfig):
             return UnquantizedLinearMethod()  # the MoE router: bf16 (scope.py)
         if not isinstance(layer, LinearBase):
             return None  # embeddings (and the LM head unless asked) stay in bf16
+        if scope.weight_bits(scope.LINEAR, self.BITS, self.lm_head) is None:
+            return None  # scope.py quantizes no Linear layers
         if self.prepacked:
             from vllm.model_executor.layers.linear import UnquantizedLinearMethod
             from vllm.model_executor.layers.quantization.utils.quant_utils import (
@@ -166,6 +162,30 @@ class _X86QuantConfig(QuantizationConfig):
             )
             return UnquantizedFusedMoEMethod(layer.moe_config)
         return moe.X86QuantMoEMethod(self, layer.moe_config)
+
+
+def layer_kind(layer: torch.nn.Module) -> str | None:
+    """The kind (scope.py) of a vLLM layer's weights, or None for a layer that has no
+    weights to quantize."""
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        VocabParallelEmbedding,
+    )
+
+    if isinstance(layer, ParallelLMHead):  # a VocabParallelEmbedding too: first
+        return scope.LM_HEAD
+    if isinstance(layer, VocabParallelEmbedding):
+        return scope.EMBEDDING
+    from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
+
+    if isinstance(layer, GateLinear):  # a LinearBase too: first
+        return "router"
+    if isinstance(layer, LinearBase):
+        return scope.LINEAR
+    if isinstance(layer, RoutedExperts):
+        return scope.MOE_EXPERTS
+    return None
 
 
 @register_quantization_config("x86_int8")

@@ -27,14 +27,10 @@ class Int8LMHeadMethod(UnquantizedEmbeddingMethod):
         w = layer.weight.data
         n, k = w.shape
         kernel = m.int8_kernel()
-        problem = m.int8_shape_problem(n, k, kernel)
-        layer.x86_lm_head = problem is None and kernel != "torch"
+        problem = m.lm_head_bf16_reason(n, k, kernel)
+        layer.x86_lm_head = problem is None
         if not layer.x86_lm_head:
-            m._warn_once(
-                "lmhead",
-                "vllm-x86: the LM head stays in bf16: %s",
-                problem or "INT8 LM head needs the AMX kernels",
-            )
+            m._warn_once("lmhead", "vllm-x86: the LM head stays in bf16: %s", problem)
             super().process_weights_after_loading(layer)
             return
         q, scale = m.quantize_int8(w)

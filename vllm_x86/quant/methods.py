@@ -325,6 +325,27 @@ def int4_matmul(kernel, x, weight, scale, zp, group, bias, scale_zero=None):
     return out if bias is None else out + bias.to(out.dtype)
 
 
+def weight_kernel(bits: int, group_size: int) -> str:
+    """The kernel a weight quantized while loading runs on (int8_kernel, int4_kernel)."""
+    return int8_kernel() if bits == 8 else int4_kernel(group_size)
+
+
+def bf16_reason(bits: int, n: int, k: int, group_size: int, kernel: str) -> str | None:
+    """Why an [N, K] weight that scope.py quantizes stays in bf16 (a shape `kernel`
+    cannot take), or None: the layers (below) and the conformance reference (fake.py)
+    both ask here."""
+    if bits == 8:
+        return int8_shape_problem(n, k, kernel)
+    return int4_shape_problem(n, k, group_size, kernel)
+
+
+def lm_head_bf16_reason(n: int, k: int, kernel: str) -> str | None:
+    """Why an LM head asked for in INT8 stays in bf16 (lm_head.py), or None."""
+    if kernel == "torch":
+        return "INT8 LM head needs the AMX kernels"
+    return int8_shape_problem(n, k, kernel)
+
+
 # ------------------------------------------------------------------ methods
 
 
@@ -496,7 +517,7 @@ class X86Int4Linear(_X86QuantLinearMethod):
     def _kernel(self) -> str:
         if self.config.prepacked:
             return int4_layout_kernel(self.config.layout)
-        return int4_kernel(self.config.group_size)
+        return weight_kernel(4, self.config.group_size)
 
     def shape_problem(self, n, k):
         from vllm_x86.quant import scope

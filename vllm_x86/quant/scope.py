@@ -137,3 +137,38 @@ def fake_quantize_model(
                 for e in range(p.shape[0]):
                     p[e].copy_(fake_quantize(p.data[e], pl, zp).to(p.dtype))
     return plans
+
+
+# Names of the kinds, for readers that ask by kind (config.layer_kind, fake.py).
+LINEAR = "linear"
+MOE_EXPERTS = "experts"
+LM_HEAD = "lm_head"
+EMBEDDING = "embedding"
+
+
+def weight_bits(kind: str, bits: int, lm_head: bool) -> int | None:
+    """The bits a weight of `kind` is quantized to under a method of `bits` (8 or 4),
+    or None for bf16 (shape rules aside: ``plan``). The LM head is INT8 on request."""
+    if kind == LM_HEAD:
+        return 8 if lm_head else None
+    return bits if kind in QUANTIZED_KINDS else None
+
+
+def options(
+    bits: int,
+    group_size: int | None = None,
+    zero_point: bool | None = None,
+    lm_head: bool | None = None,
+) -> tuple[int, bool, bool]:
+    """(group_size, zero_point, lm_head) with the unset ones from the environment
+    (VLLM_X86_QUANT_GROUP_SIZE, VLLM_X86_QUANT_ZERO_POINT, VLLM_X86_QUANT_LM_HEAD):
+    what a model quantized while it loads uses."""
+    from vllm_x86 import envs
+
+    if group_size is None:
+        group_size = int(envs.get("VLLM_X86_QUANT_GROUP_SIZE"))
+    if zero_point is None:
+        zero_point = envs.get_bool("VLLM_X86_QUANT_ZERO_POINT")
+    if lm_head is None:
+        lm_head = envs.get_bool("VLLM_X86_QUANT_LM_HEAD")
+    return group_size, bool(zero_point) and bits == 4, bool(lm_head)

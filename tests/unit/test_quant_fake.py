@@ -1,0 +1,191 @@
+"""The conformance suite's INT8/INT4 reference: fake quantization of a transformers model
+(vllm_x86/quant/fake.py) following the one rule of which weights are quantized
+(vllm_x86/quant/scope.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_x86.quant import fake, scope
+from vllm_x86.quant import methods as m
+
+
+def _llama(**kw):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=512,
+        tie_word_embeddings=False,
+    )
+    cfg.update(kw)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+
+
+def _state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def _expected(w: torch.Tensor, bits: int, group: int, zero_point: bool) -> torch.Tensor:
+    """dequantize(quantize(w)) of the bf16-rounded [N, K] weight, as the test writes it."""
+    wb = w.to(torch.bfloat16)
+    if bits == 8:
+        q, s = m.quantize_int8(wb)
+        return m.dequantize_int8(q, s)
+    g = m.effective_group_size(wb.shape[1], group)
+    q, s, z = m.quantize_int4(wb, g, zero_point)
+    return m.dequantize_int4(q, s, z, g)
+
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.mark.parametrize(
+    "method,bits,zero_point",
+    [("x86_int8", 8, False), ("x86_int4", 4, True), ("x86_int4", 4, False)],
+)
+def test_changes_exactly_the_linear_layers_to_their_dequantized_values(method, bits, zero_point):
+    model = _llama()
+    before = _state(model)
+    report = fake.fake_quantize(model, method, group_size=128, zero_point=zero_point, lm_head=False)
+    after = dict(model.named_parameters())
+    selected = {n for n in before if n.endswith("weight") and n.split(".")[-2] in LINEARS}
+    assert len(selected) == 2 * len(LINEARS)
+    for name, w0 in before.items():
+        w1 = after[name].detach()
+        if name in selected:
+            assert report[name].startswith("int8" if bits == 8 else "int4"), report[name]
+            exp = _expected(w0, bits, 128, zero_point)
+            assert torch.equal(w1, exp), name  # float32 model: the values exactly
+            assert not torch.equal(w1, w0), name  # and they did change
+        else:
+            assert torch.equal(w1, w0), name  # embeddings, norms, LM head untouched
+    assert report["lm_head.weight"].startswith("bf16")
+    # the int4 groups follow K: 128 for K = 128 and 256
+    if bits == 4:
+        assert report["model.layers.0.mlp.down_proj.weight"].startswith("int4 g128")
+
+
+def test_bf16_model_gets_the_values_rounded_to_bf16():
+    model = _llama().to(torch.bfloat16)
+    w0 = model.model.layers[1].mlp.up_proj.weight.detach().clone()
+    fake.fake_quantize(model, "x86_int8", lm_head=False)
+    w1 = model.model.layers[1].mlp.up_proj.weight.detach()
+    assert w1.dtype == torch.bfloat16
+    assert torch.equal(w1, _expected(w0, 8, 128, False).to(torch.bfloat16))
+
+
+def test_lm_head_in_int8_on_request_and_refused_when_tied():
+    model = _llama()
+    w0 = model.lm_head.weight.detach().clone()
+    e0 = model.model.embed_tokens.weight.detach().clone()
+    report = fake.fake_quantize(model, "x86_int4", lm_head=True)
+    assert report["lm_head.weight"] == "int8"  # INT8 whatever the layers' bits
+    assert torch.equal(model.lm_head.weight.detach(), _expected(w0, 8, 0, False))
+    assert torch.equal(model.model.embed_tokens.weight.detach(), e0)
+    tied = _llama(tie_word_embeddings=True)
+    with pytest.raises(NotImplementedError, match="tied"):
+        fake.fake_quantize(tied, "x86_int8", lm_head=True)
+
+
+def test_shapes_the_kernel_cannot_take_stay_as_they_are():
+    # intermediate 200: gate/up have N = 200 (not a multiple of 16), down K = 200
+    model = _llama(intermediate_size=200)
+    before = _state(model)
+    report = fake.fake_quantize(model, "x86_int8", lm_head=False)
+    for part in ("gate_proj", "up_proj", "down_proj"):
+        name = f"model.layers.0.mlp.{part}.weight"
+        n, k = before[name].shape
+        assert report[name] == "bf16: " + m.bf16_reason(8, n, k, 0, m.weight_kernel(8, 0))
+        assert torch.equal(dict(model.named_parameters())[name].detach(), before[name])
+    assert report["model.layers.0.self_attn.q_proj.weight"] == "int8"
+
+
+def _qwen3_moe():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=512,
+    )
+    torch.manual_seed(0)
+    return Qwen3MoeForCausalLM(cfg).eval()
+
+
+def test_moe_experts_follow_the_rule():
+    model = _qwen3_moe()
+    kinds = {w.name: w.kind for w in fake.weights(model)}
+    experts = [n for n, k in kinds.items() if k == scope.MOE_EXPERTS]
+    assert sorted(experts) == [
+        "model.layers.0.mlp.experts.down_proj",
+        "model.layers.0.mlp.experts.gate_up_proj",
+    ]
+    assert scope.MOE_EXPERTS in scope.QUANTIZED_KINDS  # experts are quantized (moe.py)
+    before = _state(model)
+    report = fake.fake_quantize(model, "x86_int4", group_size=128, zero_point=True, lm_head=False)
+    after = dict(model.named_parameters())
+    assert report["model.layers.0.self_attn.o_proj.weight"] == "int4 g128 zp"
+    # the router is not an nn.Linear in transformers 5 and has 8 outputs: untouched
+    gate = "model.layers.0.mlp.gate.weight"
+    assert torch.equal(after[gate].detach(), before[gate])
+    # each expert's [N, K] matrix is quantized on its own
+    w0 = before["model.layers.0.mlp.experts.down_proj"]  # [E, hidden, moe_intermediate]
+    assert report["model.layers.0.mlp.experts.down_proj"] == "int4 g64 zp"  # K = 64
+    for e in range(w0.shape[0]):
+        exp = _expected(w0[e], 4, 128, True)
+        assert torch.equal(after["model.layers.0.mlp.experts.down_proj"][e].detach(), exp)
+
+
+def test_conv1d_weights_are_quantized_along_their_input_channels():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(
+        GPT2Config(n_embd=128, n_layer=1, n_head=4, vocab_size=512, n_positions=64)
+    ).eval()
+    w0 = model.transformer.h[0].mlp.c_fc.weight.detach().clone()  # Conv1D: [K, N]
+    report = fake.fake_quantize(model, "x86_int8", lm_head=False)
+    assert report["transformer.h.0.mlp.c_fc.weight"] == "int8"
+    exp = _expected(w0.t(), 8, 0, False).t()  # per output channel = per column here
+    assert torch.equal(model.transformer.h[0].mlp.c_fc.weight.detach(), exp)
+
+
+def test_the_rule():
+    assert scope.weight_bits(scope.LINEAR, 4, lm_head=False) == 4
+    assert scope.weight_bits(scope.LM_HEAD, 4, lm_head=True) == 8
+    assert scope.weight_bits(scope.LM_HEAD, 8, lm_head=False) is None
+    assert scope.weight_bits(scope.EMBEDDING, 8, lm_head=True) is None
+    assert scope.weight_bits(scope.MOE_EXPERTS, 8, lm_head=False) == 8
+    assert scope.weight_bits("router", 8, lm_head=False) is None
+    with pytest.raises(ValueError, match="unknown method"):
+        fake.fake_quantize(_llama(), "int8")
+
+
+def test_the_config_asks_the_same_rule(monkeypatch):
+    """x86_int8's config gives a linear layer a method exactly when scope.py says so."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    from vllm_x86.quant import config
+
+    layer = LinearBase.__new__(LinearBase)
+    torch.nn.Module.__init__(layer)
+    cfg = config.X86Int8Config(lm_head=False)
+    assert config.layer_kind(layer) == scope.LINEAR
+    assert isinstance(cfg.get_quant_method(layer, "model.layers.0.mlp.down_proj"), m.X86Int8Linear)
+    monkeypatch.setattr(scope, "QUANTIZED_KINDS", frozenset())
+    assert cfg.get_quant_method(layer, "model.layers.0.mlp.down_proj") is None
