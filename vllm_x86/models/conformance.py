@@ -84,11 +84,13 @@ def prepare(arch: Arch, root: Path | None = None) -> Prepared:
     return prep
 
 
-def fill_references(prep: Prepared, cache_dir: Path | None = None) -> None:
+def fill_references(
+    prep: Prepared, cache_dir: Path | None = None, new_tokens: int = NEW_TOKENS
+) -> None:
     for d in ("float32", "bfloat16"):
         try:
             prep.refs[d] = tiny.cached_reference(
-                Path(prep.model_dir), d, prep.prompt, NEW_TOKENS, cache_dir
+                Path(prep.model_dir), d, prep.prompt, new_tokens, cache_dir
             )
         except Exception as e:
             msg = str(e).splitlines()[0][:300]
@@ -112,7 +114,7 @@ def _run_one(job: dict) -> dict:
             job["model"],
             dtype=job["dtype"],
             enforce_eager=job["eager"],
-            max_model_len=MAX_MODEL_LEN,
+            max_model_len=kwargs.pop("max_model_len", MAX_MODEL_LEN),
             skip_tokenizer_init=True,
             enable_prefix_caching=False,
             seed=0,
