@@ -1,6 +1,6 @@
 """Quality of quantized models: perplexity on a fixed text, greedy agreement with bf16.
 
-    .venv/bin/python -m vllm_x86.quant.quality [--model DIR] [--variants bf16,x86_int8,x86_int4]
+    .venv/bin/python -m vllm_x86.quant.quality [--model DIR|NAME] [--variants bf16,x86_int8,x86_int4]
 
 Each variant runs in a fresh process with vLLM's LLM class (eager mode):
 - perplexity over the project's evaluation text (quant/data/eval_text.txt: the Python
@@ -163,7 +163,9 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--model", default=None, help="bf16 model directory (default: the default model)"
+        "--model",
+        default=None,
+        help="bf16 model directory or a name from `vllm-x86 pull --list` (default: the default model)",
     )
     ap.add_argument("--variants", default="bf16,x86_int8,x86_int4")
     ap.add_argument("--window", type=int, default=1024)
@@ -172,10 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--quantization", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.model is None:
-        from vllm_x86.models.pull import pull
+    if not a.child:
+        from vllm_x86.models.pull import resolve_model
 
-        a.model = str(pull())
+        a.model = resolve_model(a.model)  # a catalog name is pulled first
     if a.child:
         _child(a)
         return 0
