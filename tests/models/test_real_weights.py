@@ -56,24 +56,20 @@ def decode(model_dir, ids: list[int]) -> str:
     return AutoTokenizer.from_pretrained(str(model_dir)).decode(ids, skip_special_tokens=True)
 
 
-_RUNS: dict[str, tuple] = {}
-
-
 @pytest.fixture(scope="module", params=list(PROMPTS))
 def run(request):
-    """(model dir, prompt ids, prepared references, vLLM results, verdicts by mode)."""
+    """(name, model dir, prompt ids, prepared references, vLLM results, verdicts by mode);
+    module scope: one pull and one vLLM run per model for all the tests below."""
     from vllm_x86.check import parity_on_weights
     from vllm_x86.models.pull import pull
 
     name = request.param
-    if name not in _RUNS:
-        model_dir = pull(name)
-        ids = prompt_ids(model_dir, *PROMPTS[name])
-        prep, results, verdicts = parity_on_weights(model_dir, ids, new_tokens=NEW_TOKENS)
-        for mode, v in verdicts.items():  # the numbers docs/real_weights.md records
-            print(f"\n{name} {mode}: ok={v.ok} {v.metrics} {v.reason}")
-        _RUNS[name] = (name, model_dir, ids, prep, results, verdicts)
-    return _RUNS[name]
+    model_dir = pull(name)
+    ids = prompt_ids(model_dir, *PROMPTS[name])
+    prep, results, verdicts = parity_on_weights(model_dir, ids, new_tokens=NEW_TOKENS)
+    for mode, v in verdicts.items():  # the numbers docs/real_weights.md records
+        print(f"\n{name} {mode}: ok={v.ok} {v.metrics} {v.reason}")
+    return name, model_dir, ids, prep, results, verdicts
 
 
 def test_converted_prompt_is_what_the_model_expects(run):
