@@ -15,7 +15,7 @@ head in INT8 too; x86_int8-w8a8 / x86_int4-w4a8: vLLM's kernels (8-bit activatio
 x86_int4-sym (symmetric groups), -g64, -g32; -wo: PyTorch's weight-only kernels on the
 same weights; x86_int4-gptq / x86_int4-rtn-prepacked: a directory `vllm-x86 quantize`
 writes first (GPTQ / round-to-nearest codes), served as it is. Prints a markdown table;
---json writes the raw numbers.
+--json writes the raw numbers (after every variant, so a run that stops keeps them).
 """
 
 from __future__ import annotations
@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         print(f"[quality] {n} ...", file=sys.stderr, flush=True)
         results[n] = run_variant(a.model, n, a.window, a.prompts)
+        if a.json:  # after every variant: a long run that stops keeps what it measured
+            Path(a.json).write_text(json.dumps(results, indent=1))
     base = results["bf16"]
     print(
         f"\nmodel {a.model}; {base['scored_tokens']} tokens scored in {base['windows']} "
@@ -209,8 +211,6 @@ def main(argv: list[str] | None = None) -> int:
             f"| {n} | {r['ppl']:.3f} | {100 * (r['ppl'] / base['ppl'] - 1):+.2f} % | "
             f"{100 * same:.0f} % | {100 * prefix:.0f} % |"
         )
-    if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
     return 0
 
 
