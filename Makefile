@@ -8,7 +8,7 @@ DEPS := $(VENV)/.vllm-x86-deps
 KERNELS := $(VENV)/.vllm-x86-kernels
 CSRC := $(wildcard vllm_x86/csrc/*.cpp vllm_x86/csrc/*.h)
 
-.PHONY: install demo test test-fast clean-venv
+.PHONY: install demo test test-fast test-real-weights clean-venv
 
 install: $(KERNELS)
 
@@ -42,6 +42,11 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
+
+# The catalog's real models (SmolLM2, Qwen2.5-Coder-0.5B, Gemma-3-270M) against
+# transformers: downloads ~810 MB once and converts it (minutes), so not in `make test`.
+test-real-weights: install
+	$(PY) -m pytest -q -m real_weights -s tests/models/test_real_weights.py
 
 clean-venv:
 	rm -rf $(VENV)

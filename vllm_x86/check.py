@@ -176,8 +176,7 @@ def run_check(
         run_dir = model_dir
         text = cfg.get("text_config", cfg)
         vocab = int(text.get("vocab_size") or cfg.get("vocab_size"))
-        key = hashlib.sha256(str(model_dir).encode()).hexdigest()[:12]
-        ref_cache = Path(tiny.tiny_root()).parent / "check" / key
+        ref_cache = reference_cache(model_dir)
     prompt = tiny.prompt_ids(vocab)
     prep = conf.Prepared(arch, str(run_dir), prompt)
     conf.fill_references(prep, ref_cache)
@@ -185,10 +184,7 @@ def run_check(
         _say("   " + why)
 
     modes = ["fp32-eager", "bf16-eager"] + (["fp32-compiled", "bf16-compiled"] if compiled else [])
-    from vllm_x86.models.archs import BY_NAME
-
-    row = BY_NAME.get(arch)
-    jobs = [conf.make_job(prep, m, row.engine if row else None) for m in modes]
+    jobs = parity_jobs(prep, modes)
     jobs[0]["inventory"] = True
     speed_job = next(j for j in jobs if j["id"].endswith("bf16-eager"))
     speed_job["speed_tokens"] = speed_tokens
@@ -240,6 +236,62 @@ def run_check(
         _say("   no speed run (the bf16 eager run failed)")
         verdicts["speed"] = "FAIL"
     return _summary(verdicts)
+
+
+def reference_cache(model_dir: Path) -> Path:
+    """Where the transformers references of a real checkpoint are kept (not inside the
+    user's model directory)."""
+    from vllm_x86.models import tiny
+
+    key = hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:12]
+    return Path(tiny.tiny_root()).parent / "check" / key
+
+
+def parity_jobs(prep, modes, new_tokens: int | None = None, max_model_len: int | None = None):
+    """The vLLM jobs of the parity stage: one per mode, with the architecture's engine
+    arguments from the suite's table (vllm_x86/models/archs.py)."""
+    from vllm_x86.models import conformance as conf
+    from vllm_x86.models.archs import BY_NAME
+
+    row = BY_NAME.get(prep.arch)
+    engine = dict(row.engine) if row else {}
+    if max_model_len:
+        engine["max_model_len"] = max_model_len
+    jobs = [conf.make_job(prep, m, engine) for m in modes]
+    for job in jobs:
+        job["max_tokens"] = new_tokens or job["max_tokens"]
+    return jobs
+
+
+def parity_on_weights(
+    model_dir: Path,
+    prompt: list[int],
+    modes=("fp32-eager", "bf16-eager"),
+    new_tokens: int | None = None,
+    ref_cache: Path | None = None,
+):
+    """The parity stage alone, on a checkpoint's own weights and the given prompt ids.
+
+    Returns (prepared, vLLM results by job id, verdicts by mode); the verdicts are the
+    conformance suite's (`conformance.judge`, its tolerances unchanged)."""
+    from vllm_x86.models import conformance as conf
+
+    model_dir = Path(model_dir)
+    arch = read_config(model_dir)["architectures"][0]
+    n = new_tokens or conf.NEW_TOKENS
+    prep = conf.Prepared(arch, str(model_dir), list(prompt))
+    conf.fill_references(prep, ref_cache or reference_cache(model_dir), new_tokens=n)
+    # room for the prompt and the new tokens (the suite's MAX_MODEL_LEN fits its own)
+    max_len = max(conf.MAX_MODEL_LEN, len(prompt) + n)
+    jobs = parity_jobs(prep, list(modes), n, max_len)
+    results = conf.run_jobs(jobs)
+    verdicts = {
+        j["id"].split(":", 1)[1]: conf.judge(
+            prep, j["id"].split(":", 1)[1], results.get(j["id"], {"ok": False})
+        )
+        for j in jobs
+    }
+    return prep, results, verdicts
 
 
 def _summary(verdicts: dict[str, str]) -> int:

@@ -107,7 +107,10 @@ def prepare(arch: Arch, root: Path | None = None, modes: tuple[str, ...] = ()) -
 
 
 def fill_references(
-    prep: Prepared, cache_dir: Path | None = None, quants: tuple[str, ...] = ()
+    prep: Prepared,
+    cache_dir: Path | None = None,
+    quants: tuple[str, ...] = (),
+    new_tokens: int = NEW_TOKENS,
 ) -> None:
     for quant in quants:
         try:
@@ -123,7 +126,7 @@ def fill_references(
             key = ref_key(d, quant)
             try:
                 prep.refs[key] = tiny.cached_reference(
-                    Path(prep.model_dir), d, prep.prompt, NEW_TOKENS, cache_dir, quant
+                    Path(prep.model_dir), d, prep.prompt, new_tokens, cache_dir, quant
                 )
             except Exception as e:
                 msg = str(e).splitlines()[0][:300]
@@ -160,6 +163,10 @@ def quant_inventory(model) -> dict:
             n, k = mod.x86_shape
         elif getattr(mod, "x86_lm_head", False):
             n, k = mod.weight.shape
+        elif getattr(mod, "x86_moe_elements", 0):
+            weights += mod.x86_moe_elements
+            layers += 1
+            continue
         else:
             continue
         weights += n * k
@@ -184,7 +191,7 @@ def _run_one(job: dict) -> dict:
             job["model"],
             dtype=job["dtype"],
             enforce_eager=job["eager"],
-            max_model_len=MAX_MODEL_LEN,
+            max_model_len=kwargs.pop("max_model_len", MAX_MODEL_LEN),
             skip_tokenizer_init=True,
             enable_prefix_caching=False,
             seed=0,

