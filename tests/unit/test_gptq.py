@@ -113,15 +113,16 @@ def test_calibration_text_is_not_the_evaluation_text():
 
 
 def test_converter_refuses_gptq_when_the_hessians_do_not_fit(tiny_bf16, tmp_path, monkeypatch):
-    """A model whose X^T X matrices would not fit in memory gets a sentence naming
-    --method rtn, before any calibration runs, and no output directory."""
+    """A model whose calibration (one decoder layer's X^T X matrices, hidden states,
+    codes) would not fit in memory gets a sentence naming --method rtn, before any
+    calibration runs, and no output directory."""
     from vllm_x86.quant import convert
     from vllm_x86.quant.convert import ConvertError, quantize_checkpoint
 
     monkeypatch.setattr(convert, "_available_memory", lambda: 100_000)
     with pytest.raises(ConvertError, match="--method rtn") as e:
         quantize_checkpoint(tiny_bf16, tmp_path / "out", 4, method="gptq", progress=None)
-    assert "GiB for this model" in str(e.value)
+    assert "one decoder layer's inputs" in str(e.value) and "GiB for this model" in str(e.value)
     assert not (tmp_path / "out").exists()
 
 
