@@ -1,7 +1,11 @@
 """GPTQ for x86_int4 (quant/gptq.py): the codes it writes have RTN's format, and the
-layer's output error on the inputs it was calibrated with is lower than RTN's."""
+layer's output error on the inputs it was calibrated with is lower than RTN's; the
+converter's calibration, one decoder layer at a time, sees what a pass of the whole
+model sees, and keeps one decoder layer's Hessians at a time."""
 
 from __future__ import annotations
+
+import weakref
 
 import pytest
 import torch
@@ -109,15 +113,16 @@ def test_calibration_text_is_not_the_evaluation_text():
 
 
 def test_converter_refuses_gptq_when_the_hessians_do_not_fit(tiny_bf16, tmp_path, monkeypatch):
-    """A model whose X^T X matrices would not fit in memory gets a sentence naming
-    --method rtn, before any calibration runs, and no output directory."""
+    """A model whose calibration (one decoder layer's X^T X matrices, hidden states,
+    codes) would not fit in memory gets a sentence naming --method rtn, before any
+    calibration runs, and no output directory."""
     from vllm_x86.quant import convert
     from vllm_x86.quant.convert import ConvertError, quantize_checkpoint
 
     monkeypatch.setattr(convert, "_available_memory", lambda: 100_000)
     with pytest.raises(ConvertError, match="--method rtn") as e:
         quantize_checkpoint(tiny_bf16, tmp_path / "out", 4, method="gptq", progress=None)
-    assert "GiB for this model" in str(e.value)
+    assert "one decoder layer's inputs" in str(e.value) and "GiB for this model" in str(e.value)
     assert not (tmp_path / "out").exists()
 
 
@@ -128,3 +133,115 @@ def test_converter_gptq_without_a_tokenizer_says_so(tiny_bf16, tmp_path):
     with pytest.raises(ConvertError, match="(?s)needs the model.s tokenizer.*--method rtn"):
         quantize_checkpoint(tiny_bf16, tmp_path / "out", 4, method="gptq", progress=None)
     assert not (tmp_path / "out").exists()
+
+
+def _tiny_model(arch: str, layers: int = 2, **extra):
+    """A small random transformers model of `arch` (bf16, as the converter loads a bf16
+    checkpoint) and calibration ids for it."""
+    from transformers import AutoModelForCausalLM
+
+    from vllm_x86.models.tiny import tiny_config
+
+    cfg = tiny_config(arch, {"num_hidden_layers": layers, **extra})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    ids = torch.randint(0, cfg.vocab_size, (3, 48), generator=torch.Generator().manual_seed(1))
+    return model, ids
+
+
+def _in_layers(name: str, _linear=None) -> int | None:
+    return 64 if ".layers." in name else None
+
+
+def _collect(into: dict):
+    def on_layer(_i, hs):
+        into.update({k: v.clone() for k, v in hs.items()})
+
+    return on_layer
+
+
+@pytest.mark.parametrize(
+    "arch,extra",
+    [
+        ("LlamaForCausalLM", {}),
+        ("Qwen2ForCausalLM", {}),
+        ("Qwen3ForCausalLM", {}),
+        # layer 1 attends within a window of 16 of the 48 tokens, layer 0 to all: each
+        # layer must get its own mask
+        ("Qwen2ForCausalLM", {"use_sliding_window": True, "max_window_layers": 1}),
+    ],
+)
+def test_sequential_without_quantization_sees_what_one_pass_sees(arch, extra):
+    model, ids = _tiny_model(arch, **extra)
+    if extra:
+        assert model.config.layer_types == ["full_attention", "sliding_attention"]
+    whole = gptq.hessians(model, ids, lambda name: _in_layers(name) is not None)
+    seq: dict[str, torch.Tensor] = {}
+    codes = gptq.sequential_gptq(model, ids, _in_layers, quantize=False, on_layer=_collect(seq))
+    assert codes == {}
+    assert set(seq) == set(whole) and len(whole) == 14  # 7 Linear layers x 2
+    for name, h in whole.items():
+        assert torch.equal(seq[name], h), name
+
+
+def test_sequential_quantizes_layer_by_layer():
+    """Layer 0 is calibrated on the model's own inputs, exactly as in one pass of the
+    whole model, and its codes are GPTQ's for that H; layer 1 is calibrated on what the
+    quantized layer 0 puts out, and its weights end as their quantized values."""
+    from vllm_x86.quant.methods import dequantize_int4
+
+    model, ids = _tiny_model("LlamaForCausalLM")
+    whole = gptq.hessians(model, ids, lambda name: _in_layers(name) is not None)
+    weights = {n: mod.weight.detach().clone() for n, mod in model.named_modules() if n in whole}
+    seq: dict[str, torch.Tensor] = {}
+    codes = gptq.sequential_gptq(model, ids, _in_layers, on_layer=_collect(seq))
+    assert set(codes) == set(whole)
+    for name in whole:
+        if ".layers.0." in name:
+            assert torch.equal(seq[name], whole[name]), name
+            want = gptq.quantize_int4_gptq(weights[name], whole[name], 64)
+            for got, exp in zip(codes[name].unpack(), want):
+                assert torch.equal(got, exp), name
+        else:
+            # inputs of the quantized layer 0: visibly not the unquantized model's
+            rel = (seq[name] - whole[name]).norm() / whole[name].norm()
+            assert rel > 1e-3, (name, float(rel))
+        q, s, z = codes[name].unpack()
+        mod = model.get_submodule(name)
+        assert torch.equal(mod.weight, dequantize_int4(q, s, z, 64).to(torch.bfloat16))
+        assert not torch.equal(mod.weight, weights[name])
+
+
+def test_one_decoder_layers_hessians_alive_at_a_time():
+    model, ids = _tiny_model("LlamaForCausalLM", layers=3)
+    alive: list[weakref.ref] = []
+    peak = []
+
+    def on_layer(_i, hs):
+        alive[:] = [r for r in alive if r() is not None]
+        alive.extend(weakref.ref(h) for h in hs.values())
+        peak.append(len(alive))
+
+    codes = gptq.sequential_gptq(model, ids, _in_layers, on_layer=on_layer)
+    assert len(codes) == 21
+    assert peak == [7, 7, 7]  # each layer's 7 Linear layers, none of the layer before
+    assert all(r() is None for r in alive)
+
+
+def test_calibration_bytes_counts_one_layer():
+    model, _ = _tiny_model("LlamaForCausalLM", layers=3)
+    wanted = lambda name: ".layers." in name and not name.endswith("down_proj")  # noqa: E731
+    # per layer: q, k, v, o, gate, up take 128 inputs; GPTQ's 3 working copies of the largest
+    hess = 6 * 4 * 128**2 + 3 * 4 * 128**2
+    hidden = 2 * 32 * 512 * 128 * 2  # inputs and outputs, bf16
+    weights = 3 * 128 * (128 + 64 + 64 + 128 + 256 + 256)  # q, k, v, o, gate, up
+    assert gptq.calibration_bytes(model, wanted, 32, 512) == hess + hidden + weights // 2
+
+
+def test_codes_unpack_to_what_gptq_returned():
+    w, x = _layer(n=32, k=128)
+    r = gptq.quantize_int4_gptq(w, x.t() @ x, 64)
+    c = gptq.Codes.of(*r)
+    assert c.nibbles.dtype == torch.uint8 and c.nibbles.shape == (32, 64)
+    for got, exp in zip(c.unpack(), r):
+        assert torch.equal(got, exp)

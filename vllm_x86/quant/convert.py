@@ -16,8 +16,8 @@ the checkpoint loads (moe.py; round to nearest, also with --method gptq: the
 converter says so), MoE routers stay as they are.
 
 INT4 codes are chosen by GPTQ by default (``--method gptq``, gptq.py): the converter
-first runs the checkpoint through transformers in float32 on a calibration text and
-then quantizes each layer with its inputs in view. ``--method rtn`` rounds each weight
+first runs the checkpoint through transformers on a calibration text, one decoder layer
+at a time, and quantizes each layer with its inputs in view. ``--method rtn`` rounds each weight
 to the nearest code, as quantizing on the fly does (no calibration, seconds).
 """
 
@@ -31,7 +31,6 @@ from pathlib import Path
 
 from vllm_x86.quant import format as qformat
 from vllm_x86.quant import scope
-from vllm_x86.quant.gptq import quantize_int4_gptq
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
@@ -122,7 +121,7 @@ def quantize_checkpoint(
             raise ConvertError(str(e)) from None
 
     t0 = time.monotonic()
-    hessians = _calibrate(src, calib_windows, progress) if method == "gptq" else {}
+    codes = _calibrate(src, calib_windows, group_size, kernel, progress) if method == "gptq" else {}
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -130,7 +129,6 @@ def quantize_checkpoint(
     quantized: list[str] = []
     kept: list[str] = []
     moe = {"experts": 0, "router": 0}  # MoE weights stored as they are
-    done, n_gptq = 0, len(hessians)
     weight_map: dict[str, str] = {}
     in_bytes = 0
     for i, f in enumerate(files, 1):
@@ -168,20 +166,14 @@ def quantize_checkpoint(
                 else:
                     g = m.effective_group_size(k, group_size)
                     if method == "gptq":
-                        h = hessians.pop(module, None)
-                        if h is None:
+                        c = codes.pop(module, None)
+                        if c is None:
                             shutil.rmtree(tmp)
                             raise ConvertError(
                                 f"GPTQ: calibration saw no inputs of {module} (a layer "
                                 "transformers names differently); use --method rtn"
                             )
-                        r = quantize_int4_gptq(t, h, g)
-                        done += 1
-                        if done % 10 == 0:
-                            _say(
-                                progress,
-                                f"  GPTQ: {done}/{n_gptq} layers ({time.monotonic() - t0:.0f} s)",
-                            )
+                        r = c.unpack()
                     else:
                         r = m.quantize_int4(t, g, zero_point)
                     if kernel == "w4a16":
@@ -282,12 +274,14 @@ def src_dtype(files) -> str:
     return "their dtype"
 
 
-def _calibrate(src: Path, windows: int, progress) -> dict:
-    """X^T X of every quantizable Linear layer's inputs (gptq.hessians), running the
-    checkpoint through transformers on the calibration text."""
+def _calibrate(src: Path, windows: int, group_size: int, kernel: str, progress) -> dict:
+    """GPTQ codes of every quantizable Linear layer whose shape the kernel takes
+    (gptq.sequential_gptq), running the checkpoint through transformers on the
+    calibration text one decoder layer at a time."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vllm_x86.quant import gptq
+    from vllm_x86.quant import methods as m
 
     _say(progress, f"GPTQ: loading {src.name} with transformers for calibration")
     try:
@@ -299,12 +293,27 @@ def _calibrate(src: Path, windows: int, progress) -> dict:
             f"GPTQ needs to run the model with transformers and could not load it "
             f"({type(e).__name__}: {e}); use --method rtn"
         ) from None
-    need = gptq.hessian_bytes(model, lambda name: is_quantizable(name + ".weight", (0, 0)))
+
+    def group_size_of(name: str, linear) -> int | None:
+        n, k = linear.weight.shape
+        if not is_quantizable(name + ".weight", (n, k)):
+            return None
+        if m.int4_shape_problem(n, k, group_size, kernel):
+            return None  # stays in the model's dtype, as the converter keeps it
+        return m.effective_group_size(k, group_size)
+
+    try:
+        need = gptq.calibration_bytes(
+            model, lambda name: is_quantizable(name + ".weight", (0, 0)), windows, 512
+        )
+    except ValueError as e:  # no decoder layers where GPTQ looks for them
+        raise ConvertError(f"GPTQ: {e}; use --method rtn") from None
     free = _available_memory()
     if need > 0.8 * free:
         raise ConvertError(
-            f"GPTQ keeps X^T X of every layer's inputs: {need / 2**30:.1f} GiB for this "
-            f"model, and {free / 2**30:.1f} GiB of memory is available; use --method rtn"
+            f"GPTQ keeps X^T X of one decoder layer's inputs, the calibration's hidden "
+            f"states and the codes: {need / 2**30:.1f} GiB for this model, and "
+            f"{free / 2**30:.1f} GiB of memory is available; use --method rtn"
         )
     try:
         tok = AutoTokenizer.from_pretrained(str(src))
@@ -314,15 +323,15 @@ def _calibrate(src: Path, windows: int, progress) -> dict:
             f"it ({type(e).__name__}: {e}); use --method rtn"
         ) from None
     ids = gptq.calibration_ids(tok, windows, 512)
-    _say(progress, f"GPTQ: calibrating on {ids.numel()} tokens")
-    hs = gptq.hessians(
-        model,
-        ids,
-        lambda name: is_quantizable(name + ".weight", (0, 0)),
-        lambda msg: _say(progress, "  " + msg),
-    )
+    _say(progress, f"GPTQ: calibrating on {ids.numel()} tokens, one decoder layer at a time")
+    try:
+        codes = gptq.sequential_gptq(
+            model, ids, group_size_of, lambda msg: _say(progress, "  GPTQ: " + msg)
+        )
+    except ValueError as e:  # a forward pass GPTQ cannot follow layer by layer
+        raise ConvertError(f"GPTQ: {e}; use --method rtn") from None
     del model
-    return hs
+    return codes
 
 
 def _available_memory() -> int:

@@ -13,23 +13,30 @@ The result has exactly RTN's format (codes 0..15, bf16 scales rounded up, int32 
 points, groups as ``methods.effective_group_size`` picks them), so the packing, the
 kernels and the prepacked format are unchanged: only which codes are written differs.
 
-Calibration runs the checkpoint through transformers in its own dtype on
-``data/calib_text.txt`` (standard library docstrings; not the evaluation text) and
-accumulates H in float32 for every Linear layer the converter quantizes. That needs the
-model in memory once more and a few minutes: this is for the offline converter
-(``vllm-x86 quantize``, INT4's default), not for quantizing while vLLM loads.
+Calibration is sequential, one decoder layer at a time (``sequential_gptq``), as in
+the GPTQ paper: the checkpoint runs through transformers in its own dtype on
+``data/calib_text.txt`` (standard library docstrings; not the evaluation text) up to
+its first decoder layer; then for each decoder layer in turn, H (float32) of each
+Linear layer the converter quantizes is accumulated from that layer's inputs, the
+layer's weights are quantized, and the layer runs again with its quantized-dequantized
+weights to make the next layer's inputs. So later layers are calibrated on the inputs
+the quantized model really produces, and only one decoder layer's Hessians are alive
+at a time. That needs the model in memory once more and a few minutes: this is for the
+offline converter (``vllm-x86 quantize``, INT4's default), not for quantizing while
+vLLM loads.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from vllm_x86.quant import shipped_text
-from vllm_x86.quant.methods import _bf16_up
+from vllm_x86.quant.methods import _bf16_up, dequantize_int4
 
 DAMP = 0.01  # share of mean(diag H) added to the diagonal (the GPTQ paper's value)
 CLIP = torch.linspace(1.0, 0.5, 21)  # range shrink factors the group search tries
@@ -128,18 +135,16 @@ def hessians(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """X^T X of the inputs of every nn.Linear of `model` (a transformers model) whose
-    name `wanted` accepts, over the rows of `input_ids` [windows, tokens]."""
+    name `wanted` accepts, over the rows of `input_ids` [windows, tokens], all in one
+    pass of the unquantized model (all of them in memory at once; the converter
+    calibrates with ``sequential_gptq``, which is tested against this)."""
     hs: dict[str, torch.Tensor] = {}
     hooks = []
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and wanted(name):
-
-            def hook(_m, inp, _out, name=name):
-                x = inp[0].detach().float().reshape(-1, inp[0].shape[-1])
-                acc = hs.get(name)
-                hs[name] = x.t() @ x if acc is None else acc.addmm_(x.t(), x)
-
-            hooks.append(mod.register_forward_hook(hook))
+            hooks.append(
+                mod.register_forward_hook(lambda _m, inp, _o, name=name: _accumulate(hs, name, inp))
+            )
     t0 = time.monotonic()
     try:
         with torch.no_grad():
@@ -156,13 +161,192 @@ def hessians(
     return hs
 
 
-def hessian_bytes(model, wanted: Callable[[str], bool]) -> int:
-    """Memory `hessians` will hold for `model`: a float32 K x K matrix per Linear."""
-    return sum(
-        4 * mod.in_features**2
+def _accumulate(hs: dict[str, torch.Tensor], name: str, inp) -> None:
+    x = inp[0].detach().float().reshape(-1, inp[0].shape[-1])
+    acc = hs.get(name)
+    hs[name] = x.t() @ x if acc is None else acc.addmm_(x.t(), x)
+
+
+class _Stop(Exception):
+    """Raised by the last decoder layer's stand-in: the rest of the model need not run."""
+
+
+def decoder_layers(model) -> tuple[str, torch.nn.ModuleList]:
+    """Name and modules of the decoder layers of a transformers model: the longest
+    nn.ModuleList whose name ends in "layers" (``model.layers`` for the Llama family)."""
+    found = [
+        (name, mod)
         for name, mod in model.named_modules()
-        if isinstance(mod, torch.nn.Linear) and wanted(name)
-    )
+        if isinstance(mod, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] == "layers" and len(mod)
+    ]
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no list of decoder layers ('...layers')")
+    return max(found, key=lambda f: len(f[1]))
+
+
+def layer_inputs(model, input_ids: torch.Tensor) -> tuple[list[torch.Tensor], list[list]]:
+    """What each decoder layer of `model` is called with, per row of `input_ids`: the
+    first layer's hidden states ([1, tokens, hidden], model dtype) and, for every layer,
+    the other arguments ((positional, keyword): attention mask, position embeddings,
+    position ids, ... as transformers computes them before its loop over the layers, a
+    layer's own mask where layers differ, e.g. sliding windows). The layers do not run:
+    stand-ins record their arguments and pass the hidden states on, and the last one
+    stops the forward pass."""
+    _, layers = decoder_layers(model)
+    saved = [layer.__dict__.get("forward") for layer in layers]
+    rec: dict = {}
+
+    def stand_in(i: int):
+        def forward(*args, **kwargs):
+            if args:
+                h, rest = args[0], args[1:]
+            else:
+                h, rest = kwargs.pop("hidden_states"), ()
+            if i == 0:
+                rec["hidden"] = h
+            rec["calls"].append((rest, kwargs))
+            if i == len(layers) - 1:
+                raise _Stop
+            return h
+
+        return forward
+
+    hidden, calls = [], []
+    for i, layer in enumerate(layers):
+        layer.forward = stand_in(i)
+    try:
+        with torch.no_grad():
+            for row in input_ids:
+                rec.update(hidden=None, calls=[])
+                try:
+                    model(row[None], use_cache=False)
+                except _Stop:
+                    pass
+                if len(rec["calls"]) != len(layers) or rec["hidden"] is None:
+                    raise ValueError(
+                        f"{type(model).__name__}'s forward pass called {len(rec['calls'])} of "
+                        f"its {len(layers)} decoder layers"
+                    )
+                hidden.append(rec["hidden"].detach())
+                calls.append(rec["calls"])
+    finally:
+        for layer, fwd in zip(layers, saved):
+            del layer.forward
+            if fwd is not None:
+                layer.forward = fwd
+    return hidden, calls
+
+
+@dataclass
+class Codes:
+    """GPTQ's result for one weight, its codes two to a byte until the converter packs
+    them (half a byte per weight while the other layers are quantized)."""
+
+    nibbles: torch.Tensor  # [N, K/2] uint8: even columns low, odd columns high
+    scale: torch.Tensor  # [K/g, N] bf16
+    zero: torch.Tensor  # [K/g, N] int32
+
+    @classmethod
+    def of(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> Codes:
+        return cls((q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8), scale, zero)
+
+    def unpack(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What ``quantize_int4_gptq`` returned: (q [N, K] int32, scale, zero)."""
+        p = self.nibbles.to(torch.int32)
+        q = torch.stack([p & 15, p >> 4], -1).reshape(p.shape[0], -1)
+        return q, self.scale, self.zero
+
+
+def sequential_gptq(
+    model,
+    input_ids: torch.Tensor,
+    group_size_of: Callable[[str, torch.nn.Linear], int | None],
+    progress: Callable[[str], None] | None = None,
+    quantize: bool = True,
+    on_layer: Callable[[int, dict[str, torch.Tensor]], None] | None = None,
+) -> dict[str, Codes]:
+    """GPTQ of the Linear layers of `model` (a transformers model) inside its decoder
+    layers, one decoder layer at a time, calibrated on the rows of `input_ids`
+    [windows, tokens]. `group_size_of(name, linear)` gives the group size to quantize a
+    Linear layer with, or None to leave it as it is.
+
+    For each decoder layer in order: H = X^T X (float32) of each chosen Linear's inputs,
+    from the layer's current inputs; GPTQ of each weight with its H; the weight replaced
+    (in `model`, which is left so) by its quantized-dequantized value; the layer run again
+    on the same inputs to make the next layer's. `on_layer(i, hessians)` sees layer i's
+    Hessians before they are used; `quantize=False` leaves the weights as they are (then
+    every layer's H is that of the unquantized model). Returns each quantized Linear's
+    codes by module name; a chosen Linear the layer never called has none."""
+    prefix, layers = decoder_layers(model)
+    hidden, calls = layer_inputs(model, input_ids)
+    codes: dict[str, Codes] = {}
+    t0 = time.monotonic()
+
+    def run(layer, i: int) -> list[torch.Tensor]:
+        outs = []
+        with torch.no_grad():
+            for h, per_layer in zip(hidden, calls):
+                args, kwargs = per_layer[i]
+                out = layer(h, *args, **kwargs)
+                outs.append((out[0] if isinstance(out, tuple) else out).detach())
+        return outs
+
+    for i, layer in enumerate(layers):
+        chosen: dict[str, tuple[torch.nn.Linear, int]] = {}
+        for sub, mod in layer.named_modules():
+            name = f"{prefix}.{i}.{sub}"
+            if isinstance(mod, torch.nn.Linear):
+                g = group_size_of(name, mod)
+                if g is not None:
+                    chosen[name] = (mod, g)
+        hs: dict[str, torch.Tensor] = {}
+        hooks = [
+            mod.register_forward_hook(
+                lambda _m, inp, _o, name=name, hs=hs: _accumulate(hs, name, inp)
+            )
+            for name, (mod, _g) in chosen.items()
+        ]
+        try:
+            run(layer, i)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        if on_layer:
+            on_layer(i, hs)
+        for name, (mod, g) in chosen.items():
+            h = hs.pop(name, None)
+            if h is None or not quantize:
+                continue
+            q, s, z = quantize_int4_gptq(mod.weight.data, h, g)
+            del h
+            mod.weight.data = dequantize_int4(q, s, z, g).to(mod.weight.dtype)
+            codes[name] = Codes.of(q, s, z)
+        del hs
+        hidden = run(layer, i)
+        if progress:
+            progress(f"layer {i + 1}/{len(layers)} ({time.monotonic() - t0:.0f} s)")
+    return codes
+
+
+def calibration_bytes(model, wanted: Callable[[str], bool], windows: int, tokens: int) -> int:
+    """Memory `sequential_gptq` holds besides the model, for the Linear layers whose
+    names `wanted` accepts: the largest decoder layer's Hessians (a float32 K x K per
+    Linear) plus GPTQ's working copies of the largest (3 more), the hidden states of
+    `windows` x `tokens` twice (a layer's inputs and outputs, in the model's dtype) and
+    the codes (half a byte per quantized weight)."""
+    prefix, layers = decoder_layers(model)
+    per_layer, largest, weights = [0], 0, 0
+    for i, layer in enumerate(layers):
+        total = 0
+        for sub, mod in layer.named_modules():
+            if isinstance(mod, torch.nn.Linear) and wanted(f"{prefix}.{i}.{sub}"):
+                total += 4 * mod.in_features**2
+                largest = max(largest, 4 * mod.in_features**2)
+                weights += mod.in_features * mod.out_features
+        per_layer.append(total)
+    emb = model.get_input_embeddings()
+    hidden = 2 * windows * tokens * emb.embedding_dim * emb.weight.element_size()
+    return max(per_layer) + 3 * largest + hidden + weights // 2
 
 
 def calibration_ids(tokenizer, windows: int, window: int) -> torch.Tensor:
