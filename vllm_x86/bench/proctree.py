@@ -66,6 +66,9 @@ class TreeMonitor:
         self.interval = interval
         self.hwm: dict[int, int] = {}  # pid -> peak RSS seen (VmHWM)
         self.cpu: dict[int, float] = {}  # pid -> CPU seconds seen
+        # CPU seconds of the processes already in the tree when monitoring starts (a
+        # standby daemon's imports): only what they use from then on counts as the tree's
+        self.cpu_base: dict[int, float] = {}
         self.peak_rss_sampled = 0
         self.peak_pss = 0
         self.peak_procs = 0
@@ -77,6 +80,12 @@ class TreeMonitor:
 
     def __enter__(self) -> TreeMonitor:
         self._t0, self._busy0, self._own0 = time.monotonic(), machine_busy_s(), own_cpu_s()
+        for p in self._procs():
+            try:
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            self.cpu_base[p.pid] = t.user + t.system
         self._thread.start()
         return self
 
@@ -93,13 +102,22 @@ class TreeMonitor:
         self._wall = time.monotonic() - self._t0
         busy = machine_busy_s() - self._busy0
         self._harness = own_cpu_s() - self._own0
-        self._other = max(0.0, busy - sum(self.cpu.values()) - self._harness)
+        self._other = max(0.0, busy - self.tree_cpu_s() - self._harness)
 
-    def sample(self) -> None:
+    def tree_cpu_s(self) -> float:
+        """CPU seconds the tree used while monitored."""
+        return sum(c - self.cpu_base.get(pid, 0.0) for pid, c in self.cpu.items())
+
+    def _procs(self) -> list[psutil.Process]:
         try:
             root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True)]
+            return [root, *root.children(recursive=True)]
         except psutil.Error:
+            return []
+
+    def sample(self) -> None:
+        procs = self._procs()
+        if not procs:
             return
         rss = pss = 0
         for p in procs:
@@ -131,7 +149,7 @@ class TreeMonitor:
             "peak_pss_mib": self.peak_pss / MiB,
             "peak_processes": self.peak_procs,
             "memory_samples": self.samples,
-            "tree_cpu_s": sum(self.cpu.values()),
+            "tree_cpu_s": self.tree_cpu_s(),
             "monitored_s": self._wall,
             # the harness itself: its HTTP client and this monitor
             "harness_cpu_s": self._harness,

@@ -46,7 +46,6 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 
 from vllm_x86.bench.contenders import STOCK_START_ENV, BenchError
 from vllm_x86.bench.proctree import TreeMonitor
@@ -262,7 +261,6 @@ def measure(kind: str, model: Path, ns, log_path: Path, cache_root: Path | None,
         watch = LogWatch(watch_path, t0)
         watch.start()
         monitor = TreeMonitor(root or proc.pid, interval=0.1)
-        cpu_before = psutil.Process(root).cpu_times() if root else None
         try:
             with monitor:
                 t_ready, t_first, text = asyncio.run(
@@ -286,8 +284,6 @@ def measure(kind: str, model: Path, ns, log_path: Path, cache_root: Path | None,
         shutil.copyfile(watch_path, log_path.with_suffix(".server.log"))
     usage = monitor.result()
     other = usage["other_cpu_pct"] or 0.0
-    if cpu_before is not None and usage["monitored_s"]:  # the daemon's CPU before the start
-        other += 100.0 * (cpu_before.user + cpu_before.system) / usage["monitored_s"]
     return {
         "other_cpu_pct": other,
         "load_avg_1min": load,

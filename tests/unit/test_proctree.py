@@ -1,0 +1,43 @@
+"""The benchmark's process-tree monitor counts only the CPU a tree uses while monitored."""
+
+import subprocess
+import sys
+import time
+
+from vllm_x86.bench.proctree import TreeMonitor
+
+# burns about `busy` s of CPU, then sleeps until told to burn again (a line on stdin)
+CHILD = """
+import sys, time
+def burn(s):
+    t = time.process_time()
+    while time.process_time() - t < s:
+        pass
+burn(float(sys.argv[1]))
+print("ready", flush=True)
+sys.stdin.readline()
+burn(float(sys.argv[2]))
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_cpu_used_before_monitoring_is_not_the_trees():
+    p = subprocess.Popen(
+        [sys.executable, "-c", CHILD, "1.0", "0.3"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout.readline().strip() == "ready"  # 1 s of CPU already used
+        with TreeMonitor(p.pid, interval=0.05) as m:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "done"
+            time.sleep(0.1)
+        used = m.result()["tree_cpu_s"]
+        assert 0.25 <= used < 0.8, used  # the 0.3 s burnt while monitored, not the 1 s before
+    finally:
+        p.kill()
+        p.wait()
