@@ -245,3 +245,34 @@ def test_stop_leaves_nothing_behind(daemon):
         assert s.connect_ex(("127.0.0.1", daemon["port"])) != 0
     r = _cli(daemon["env"], "daemon", "status")
     assert r.returncode == 3
+
+
+def test_start_with_a_model_preloads_it_and_serve_then_answers_at_once(tmp_path):
+    from vllm_x86.bench.synthetic import build
+
+    env = clean_env(VLLM_X86_DAEMON_DIR=str(tmp_path))
+    f = paths.files(tmp_path)
+    tiny = str(build("tiny-llama"))
+    port = str(_free_port())
+    args = [tiny, "--served-model-name", "tiny", "--port", port, *FLAGS]
+    r = _cli(env, "daemon", "start", "--serve", *args)
+    pids = set()
+    try:
+        assert r.returncode == 0, r.stderr + "\n" + f.log.read_text()[-3000:]
+        st = client.running(f)
+        pids = {st["pid"], st["server"]["pid"]}
+        assert st["server"]["state"] == "ready" and st["server"]["seq"] == 1
+        assert _models(f"http://127.0.0.1:{port}") == ["tiny"]
+        # the same model and flags: the preloaded server, not a new one
+        r = _cli(env, "serve", *args)
+        assert r.returncode == 0, r.stderr
+        assert "already serving this model" in r.stderr
+        assert client.running(f)["server"]["seq"] == 1
+        assert _models(f"http://127.0.0.1:{port}") == ["tiny"]
+    finally:
+        _cli(env, "daemon", "stop", timeout=120)
+        for pg in pids:
+            try:
+                os.killpg(pg, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

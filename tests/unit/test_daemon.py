@@ -183,3 +183,28 @@ def test_setting_rows_exist():
     assert all(
         n in doc for n in ("VLLM_X86_DAEMON_DIR", "VLLM_X86_DAEMON_PORT", "VLLM_X86_ENGINE_FORK")
     )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["start", "--serve", "/nonexistent/model"],
+            "model path '/nonexistent/model' does not exist",
+        ),
+        (["status", "--serve", "x"], "--serve goes with `vllm-x86 daemon start` only"),
+    ],
+)
+def test_start_with_a_bad_model_fails_before_starting_a_daemon(tmp_path, args, message):
+    env = clean_env(VLLM_X86_DAEMON_DIR=str(tmp_path))
+    r = subprocess.run(
+        [PYTHON, "-m", "vllm_x86.cli", "daemon", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode != 0
+    assert message in r.stderr, r.stderr
+    f = paths.files(tmp_path)
+    assert not f.pid.exists() and client.running(f) is None

@@ -29,12 +29,35 @@ def add_parser(sub) -> None:
         "0 = a free port)",
     )
     d.add_argument("--json", action="store_true", help="status: machine-readable output")
+    d.add_argument(
+        "--serve",
+        nargs=argparse.REMAINDER,
+        metavar="MODEL [vLLM flags]",
+        help="start: then serve MODEL (path or catalog name) with these server flags, as "
+        "`vllm-x86 serve MODEL [flags]` would; a later `vllm-x86 serve` of the same model "
+        "and flags answers at once. Must come last: everything after it goes to the server",
+    )
 
 
 def run(ns: argparse.Namespace) -> int:
     """Exit code; raises DaemonError for the caller to print."""
+    serve = getattr(ns, "serve", None)
+    if serve is not None and ns.action != "start":
+        raise DaemonError("--serve goes with `vllm-x86 daemon start` only")
     if ns.action == "start":
+        if serve is not None:
+            # check the model and flags before paying for the daemon's warm-up
+            from vllm_x86.cli import CliError, serve_argv
+
+            model = serve[0] if serve and not serve[0].startswith("-") else None
+            try:
+                argv, _, _ = serve_argv(model, serve[1:] if model is not None else serve)
+            except CliError as e:
+                raise DaemonError(str(e)) from None
         start(ns.port)
+        if serve is not None:
+            if not serve_with_daemon(argv[3:], argv[argv.index("--model") + 1]):
+                raise DaemonError("the daemon stopped before it could serve the model")
         return 0
     if ns.action == "stop":
         if not stop():
