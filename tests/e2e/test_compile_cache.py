@@ -1,6 +1,7 @@
-"""A damaged compile-cache entry does not break start-up: compiled `vllm-x86 serve` of the
-tiny random model fills a fresh cache (and records its manifest); the cached artifact is
-then damaged, and the next start detects it, moves it aside, compiles again and answers
+"""The compile cache across restarts: compiled `vllm-x86 serve` of the tiny random model
+fills a fresh cache (and records its manifest); the next start loads the compiled model
+from it instead of compiling again, with the same greedy text; then the cached artifact
+is damaged, and the next start detects it, moves it aside, compiles again and answers
 with the same greedy text."""
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def _start_and_ask(model, env, log_path) -> str:
             proc.wait()
 
 
-def test_damaged_compile_cache_entry_is_rebuilt(tmp_path):
+def test_cache_is_loaded_and_a_damaged_entry_rebuilt(tmp_path):
     from vllm_x86.bench.synthetic import build
 
     tiny = build("tiny-llama")
@@ -81,6 +82,12 @@ def test_damaged_compile_cache_entry_is_rebuilt(tmp_path):
     assert len(roots) == 1
     entries = [p for p in (roots[0] / cc.AOT_SUBDIR).iterdir() if p.is_dir()]
     assert entries and all((e / cc.MANIFEST).exists() for e in entries), log1[-3000:]
+    # an intact cache: vLLM loads its AOT artifact (patches.py), no compile
+    again = _start_and_ask(tiny, env, tmp_path / "again.log")
+    log_again = (tmp_path / "again.log").read_text()
+    assert "Directly load AOT compilation" in log_again, log_again[-4000:]
+    assert "Compiling model again" not in log_again
+    assert again == first
     for e in entries:
         model = next(e.rglob("model"))
         model.write_bytes(b"\x00" * model.stat().st_size)  # same size, wrong bytes
