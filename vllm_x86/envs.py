@@ -95,6 +95,14 @@ SETTINGS: tuple[Setting, ...] = (
         "zeros over all of it at start-up (kv_alloc.py); 0: vLLM's torch.zeros.",
     ),
     Setting(
+        "VLLM_X86_ASYNC_SCHEDULING",
+        "0",
+        "1: keep vLLM's asynchronous scheduling (the engine schedules step N+1 while "
+        "the worker runs step N), which vLLM CPU switches off; only where vLLM itself "
+        "would use it (not for pooling models or unsupported speculative decoding). "
+        "0: vLLM CPU's synchronous steps.",
+    ),
+    Setting(
         "VLLM_X86_DAEMON_DIR",
         "<VLLM_X86_CACHE_DIR>/daemon",
         "Where the standby daemon keeps its pid file, state file (control port) and logs "

@@ -176,6 +176,25 @@ class X86Platform(CpuPlatform):
             os.environ.update(hidden)
 
     @classmethod
+    def _apply_async_scheduling(cls, vllm_config, decided) -> None:
+        """VLLM_X86_ASYNC_SCHEDULING=1 keeps vLLM's asynchronous scheduling where vLLM
+        had chosen it; vLLM CPU always runs synchronous steps."""
+        if not envs.get_bool("VLLM_X86_ASYNC_SCHEDULING"):
+            return
+        if decided:
+            vllm_config.scheduler_config.async_scheduling = True
+            _info_once(
+                "async", "vllm-x86: asynchronous scheduling on (VLLM_X86_ASYNC_SCHEDULING=1)"
+            )
+        else:
+            _info_once(
+                "async",
+                "vllm-x86: VLLM_X86_ASYNC_SCHEDULING=1, but vLLM did not choose asynchronous "
+                "scheduling for this configuration (pooling model, speculative decoding or "
+                "--no-async-scheduling): steps stay synchronous",
+            )
+
+    @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
         if "active" not in os.environ.get(CHOSEN_ENV, "").split(","):
             from vllm_x86 import __version__
@@ -191,7 +210,10 @@ class X86Platform(CpuPlatform):
         cls._apply_thread_layout()
         cls._apply_kv_cache_size(vllm_config)
         cls._apply_mla_backend(vllm_config)
+        # what vLLM decided before vLLM CPU switches it off
+        async_sched = vllm_config.scheduler_config.async_scheduling
         super().check_and_update_config(vllm_config)  # sets vLLM CPU's "spawn"
+        cls._apply_async_scheduling(vllm_config, async_sched)
         cls._apply_engine_start()
         from vllm_x86 import compile_cache
 

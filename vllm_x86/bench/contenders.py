@@ -79,6 +79,13 @@ CONTENDERS: dict[str, Contender] = {
             {"VLLM_X86_ENGINE_FORK": "0"},
         ),
         Contender(
+            "plugin-async",
+            "plugin-server",
+            "vllm-x86 with vLLM's asynchronous scheduling kept (VLLM_X86_ASYNC_SCHEDULING=1): "
+            "the engine schedules the next step while the worker runs this one",
+            {"VLLM_X86_ASYNC_SCHEDULING": "1"},
+        ),
+        Contender(
             "plugin-noops",
             "plugin-server",
             "vllm-x86 with its op table switched off (VLLM_X86_OPS=0): vLLM's own CPU ops, "
