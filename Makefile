@@ -38,7 +38,7 @@ demo: install
 	$(PY) -m vllm_x86.cli demo
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
