@@ -189,3 +189,61 @@ def test_the_config_asks_the_same_rule(monkeypatch):
     assert isinstance(cfg.get_quant_method(layer, "model.layers.0.mlp.down_proj"), m.X86Int8Linear)
     monkeypatch.setattr(scope, "QUANTIZED_KINDS", frozenset())
     assert cfg.get_quant_method(layer, "model.layers.0.mlp.down_proj") is None
+
+
+def test_mamba1_mixers_stay_bf16_as_vllm_builds_them():
+    """vLLM builds a Mamba-1 mixer (MambaMixer) without the quantization config, so the
+    reference leaves its Linear layers in bf16; Mamba-2's mixer takes the config."""
+    import inspect
+
+    from transformers import JambaConfig, JambaForCausalLM, MambaConfig, MambaForCausalLM
+    from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+    assert "quant_config" not in inspect.signature(MambaMixer.__init__).parameters
+    assert "quant_config" in inspect.signature(MambaMixer2.__init__).parameters
+
+    torch.manual_seed(0)
+    mamba = MambaForCausalLM(
+        MambaConfig(hidden_size=128, num_hidden_layers=2, vocab_size=512, state_size=16)
+    ).eval()
+    before = _state(mamba)
+    report = fake.fake_quantize(mamba, "x86_int8", lm_head=False)
+    mixer = {n for n in report if ".mixer." in n}
+    assert {n.split(".")[-2] for n in mixer} == {"in_proj", "x_proj", "dt_proj", "out_proj"}
+    assert all(report[n] == "bf16: scope.py does not quantize mamba1_mixer weights" for n in mixer)
+    after = dict(mamba.named_parameters())
+    assert all(torch.equal(after[n].detach(), before[n]) for n in before)
+
+    torch.manual_seed(0)
+    jamba = JambaForCausalLM(
+        JambaConfig(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=512,
+            num_experts=4,
+            num_experts_per_tok=2,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            mamba_d_state=16,
+            use_mamba_kernels=False,
+        )
+    ).eval()
+    kinds = {w.name: w.kind for w in fake.weights(jamba)}
+    assert {n.split(".")[-2] for n, k in kinds.items() if k == scope.MAMBA1_MIXER} == {
+        "in_proj",
+        "x_proj",
+        "dt_proj",
+        "out_proj",
+    }
+    report = fake.fake_quantize(jamba, "x86_int8", lm_head=False)
+    # the attention layer, the dense MLP of the Mamba layer and the experts: quantized
+    assert report["model.layers.1.self_attn.o_proj.weight"] == "int8"
+    assert report["model.layers.0.feed_forward.down_proj.weight"] == "int8"
+    assert any(k == scope.MOE_EXPERTS and report[n] == "int8" for n, k in kinds.items())
+    assert report["model.layers.0.mamba.in_proj.weight"].startswith("bf16: ")
