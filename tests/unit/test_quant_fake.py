@@ -247,3 +247,47 @@ def test_mamba1_mixers_stay_bf16_as_vllm_builds_them():
     assert report["model.layers.0.feed_forward.down_proj.weight"] == "int8"
     assert any(k == scope.MOE_EXPERTS and report[n] == "int8" for n, k in kinds.items())
     assert report["model.layers.0.mamba.in_proj.weight"].startswith("bf16: ")
+
+
+def test_llama4_experts_are_quantized_expert_by_expert_in_their_layout():
+    """Llama 4's fused experts are stored [experts, in, out] without saying so
+    (``is_transposed``); each expert's [out, in] matrix is quantized on its own."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    torch.manual_seed(0)
+    model = Llama4ForCausalLM(
+        Llama4TextConfig(
+            hidden_size=128,
+            intermediate_size=128,
+            intermediate_size_mlp=256,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            vocab_size=512,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+        )
+    ).eval()
+    before = _state(model)
+    report = fake.fake_quantize(model, "x86_int8", lm_head=False)
+    after = dict(model.named_parameters())
+    for part in ("gate_up_proj", "down_proj"):
+        name = f"model.layers.0.feed_forward.experts.{part}"
+        assert report[name] == "int8"
+        for e in range(4):
+            exp = _expected(before[name][e].t(), 8, 0, False).t()
+            assert torch.equal(after[name][e].detach(), exp), (name, e)
+    assert report["model.layers.0.feed_forward.shared_expert.down_proj.weight"] == "int8"
+
+
+def test_a_fused_experts_module_of_unknown_layout_is_an_error():
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_up_proj = torch.nn.Parameter(torch.zeros(4, 128, 256))
+
+    model = _llama()
+    model.model.layers[0].mlp.experts = Experts()
+    with pytest.raises(NotImplementedError, match="EXPERTS_TRANSPOSED"):
+        fake.weights(model)

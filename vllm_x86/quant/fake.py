@@ -16,7 +16,9 @@ transposed linear) are ``linear``, except the output embedding (``lm_head``), th
 (``router``) and those inside a Mamba-1 mixer (``mamba1_mixer``: vLLM builds them
 without the quantization config); the 3-D tensors of a
 fused experts module (transformers' ``use_experts_implementation``, [experts, out, in]
-or, where the module says ``is_transposed``, [experts, in, out]) are ``moe_experts``.
+or, where the module says ``is_transposed``, [experts, in, out]; Llama 4's, which does
+not say, [experts, in, out]: ``EXPERTS_TRANSPOSED``) are ``moe_experts``. A fused
+experts module of unknown layout is an error, not a weight left out.
 vLLM fuses some layers that transformers keeps apart (q/k/v into qkv_proj, gate and up
 into gate_up_proj); both quantize each output channel on its own, so quantizing the
 parts equals quantizing the fused weight. The shape rule is applied to each part: a
@@ -80,13 +82,32 @@ def weights(model: torch.nn.Module) -> list[Weight]:
                 kind = scope.LINEAR
             found.append(Weight(prefix + "weight", kind, w, isinstance(mod, Conv1D)))
         elif hasattr(mod, "is_transposed") and hasattr(mod, "is_concatenated"):
-            for pname, p in mod.named_parameters(recurse=False):
-                if p.ndim == 3 and id(p) not in seen:
-                    seen.add(id(p))
-                    found.append(
-                        Weight(prefix + pname, scope.MOE_EXPERTS, p, bool(mod.is_transposed))
-                    )
+            found += _experts(mod, prefix, bool(mod.is_transposed), seen)
+        elif type(mod).__name__ in EXPERTS_TRANSPOSED:
+            found += _experts(mod, prefix, EXPERTS_TRANSPOSED[type(mod).__name__], seen)
+        elif mname.split(".")[-1] == "experts" and any(
+            p.ndim == 3 for p in mod.parameters(recurse=False)
+        ):
+            raise NotImplementedError(
+                f"{mname}: a fused experts module ({type(mod).__name__}) whose layout "
+                "fake.py does not know: add it to EXPERTS_TRANSPOSED"
+            )
     return found
+
+
+# Fused experts modules of transformers that do not say their layout
+# (``is_transposed``): class name -> stored [experts, in, out] (their forward is
+# ``bmm(x, w)``).
+EXPERTS_TRANSPOSED = {"Llama4TextExperts": True}
+
+
+def _experts(mod, prefix: str, transposed: bool, seen: set[int]) -> list[Weight]:
+    out = []
+    for pname, p in mod.named_parameters(recurse=False):
+        if p.ndim == 3 and id(p) not in seen:
+            seen.add(id(p))
+            out.append(Weight(prefix + pname, scope.MOE_EXPERTS, p, transposed))
+    return out
 
 
 def fake_quantize(
