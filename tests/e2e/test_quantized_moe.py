@@ -4,7 +4,7 @@ one of a transformers float32 reference whose weights are what the codes stand f
 
 The reference is the tiny checkpoint (the conformance suite's builder, models/tiny.py)
 with every weight rounded to bf16 (what vLLM loads), then every weight x86_int{bits}
-quantizes replaced by its dequantized codes (quant/scope.fake_quantize_model: Linear
+quantizes replaced by its dequantized codes (quant/fake.fake_quantize: Linear
 layers and routed experts; router, norms, embeddings as they are). Fed vLLM's own
 greedy tokens, it must rank each of them first (or within NEAR_TIE of first: vLLM runs
 bf16 activations) and give its log-probability within LOGPROB_TOL. Measured on
@@ -84,7 +84,7 @@ def _serve(model, prompt, *extra, eager=True) -> dict:
 def _reference(model_dir, bits: int, quantize_experts: bool):
     """transformers float32, weights rounded to bf16, then fake-quantized."""
     from vllm_x86.models import tiny
-    from vllm_x86.quant import scope
+    from vllm_x86.quant import fake, scope
 
     model = tiny._load(model_dir, "float32")
     with torch.no_grad():
@@ -92,8 +92,10 @@ def _reference(model_dir, bits: int, quantize_experts: bool):
             p.copy_(p.to(torch.bfloat16).float())
     kept = {n: p.clone() for n, p in model.named_parameters() if scope.kind_of(n) == "experts"}
     assert kept, "the reference model has no routed experts"
-    plans = scope.fake_quantize_model(model, bits, 128, True)
-    assert all(plans[n].quantized for n in kept), plans
+    report = fake.fake_quantize(
+        model, f"x86_int{bits}", group_size=128, zero_point=True, lm_head=False
+    )
+    assert all(report[n].startswith("int") for n in kept), report
     if not quantize_experts:
         with torch.no_grad():
             for n, p in model.named_parameters():

@@ -461,3 +461,22 @@ def test_other_checkpoints_are_causal_references(tmp_path):
     assert not tiny.prompt_is_prefix(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"prefix_lm": False}))
     assert not tiny.prompt_is_prefix(tmp_path)
+
+
+def test_matrix_names_the_architectures_that_quantize_nothing():
+    def row(ref_weights):
+        e = {
+            "status": "pass",
+            "reason": "",
+            "metrics": {"reference_quantized_weights": ref_weights},
+        }
+        return {"examples": [], "modes": {"int8-eager": e, "int4-eager": dict(e)}}
+
+    data = {
+        "meta": {},
+        "archs": {"MambaForCausalLM": row(0), "LlamaForCausalLM": row(1 << 16)},
+    }
+    assert matrix.unquantized(data) == ["MambaForCausalLM"]
+    assert "In `MambaForCausalLM` no weight is quantized on either side" in matrix.render(data)
+    data["archs"]["MambaForCausalLM"] = row(4096)
+    assert "no weight is quantized on either side" not in matrix.render(data)

@@ -189,3 +189,105 @@ def test_the_config_asks_the_same_rule(monkeypatch):
     assert isinstance(cfg.get_quant_method(layer, "model.layers.0.mlp.down_proj"), m.X86Int8Linear)
     monkeypatch.setattr(scope, "QUANTIZED_KINDS", frozenset())
     assert cfg.get_quant_method(layer, "model.layers.0.mlp.down_proj") is None
+
+
+def test_mamba1_mixers_stay_bf16_as_vllm_builds_them():
+    """vLLM builds a Mamba-1 mixer (MambaMixer) without the quantization config, so the
+    reference leaves its Linear layers in bf16; Mamba-2's mixer takes the config."""
+    import inspect
+
+    from transformers import JambaConfig, JambaForCausalLM, MambaConfig, MambaForCausalLM
+    from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+    assert "quant_config" not in inspect.signature(MambaMixer.__init__).parameters
+    assert "quant_config" in inspect.signature(MambaMixer2.__init__).parameters
+
+    torch.manual_seed(0)
+    mamba = MambaForCausalLM(
+        MambaConfig(hidden_size=128, num_hidden_layers=2, vocab_size=512, state_size=16)
+    ).eval()
+    before = _state(mamba)
+    report = fake.fake_quantize(mamba, "x86_int8", lm_head=False)
+    mixer = {n for n in report if ".mixer." in n}
+    assert {n.split(".")[-2] for n in mixer} == {"in_proj", "x_proj", "dt_proj", "out_proj"}
+    assert all(report[n] == "bf16: scope.py does not quantize mamba1_mixer weights" for n in mixer)
+    after = dict(mamba.named_parameters())
+    assert all(torch.equal(after[n].detach(), before[n]) for n in before)
+
+    torch.manual_seed(0)
+    jamba = JambaForCausalLM(
+        JambaConfig(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=512,
+            num_experts=4,
+            num_experts_per_tok=2,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            mamba_d_state=16,
+            use_mamba_kernels=False,
+        )
+    ).eval()
+    kinds = {w.name: w.kind for w in fake.weights(jamba)}
+    assert {n.split(".")[-2] for n, k in kinds.items() if k == scope.MAMBA1_MIXER} == {
+        "in_proj",
+        "x_proj",
+        "dt_proj",
+        "out_proj",
+    }
+    report = fake.fake_quantize(jamba, "x86_int8", lm_head=False)
+    # the attention layer, the dense MLP of the Mamba layer and the experts: quantized
+    assert report["model.layers.1.self_attn.o_proj.weight"] == "int8"
+    assert report["model.layers.0.feed_forward.down_proj.weight"] == "int8"
+    assert any(k == scope.MOE_EXPERTS and report[n] == "int8" for n, k in kinds.items())
+    assert report["model.layers.0.mamba.in_proj.weight"].startswith("bf16: ")
+
+
+def test_llama4_experts_are_quantized_expert_by_expert_in_their_layout():
+    """Llama 4's fused experts are stored [experts, in, out] without saying so
+    (``is_transposed``); each expert's [out, in] matrix is quantized on its own."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    torch.manual_seed(0)
+    model = Llama4ForCausalLM(
+        Llama4TextConfig(
+            hidden_size=128,
+            intermediate_size=128,
+            intermediate_size_mlp=256,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            vocab_size=512,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+        )
+    ).eval()
+    before = _state(model)
+    report = fake.fake_quantize(model, "x86_int8", lm_head=False)
+    after = dict(model.named_parameters())
+    for part in ("gate_up_proj", "down_proj"):
+        name = f"model.layers.0.feed_forward.experts.{part}"
+        assert report[name] == "int8"
+        for e in range(4):
+            exp = _expected(before[name][e].t(), 8, 0, False).t()
+            assert torch.equal(after[name][e].detach(), exp), (name, e)
+    assert report["model.layers.0.feed_forward.shared_expert.down_proj.weight"] == "int8"
+
+
+def test_a_fused_experts_module_of_unknown_layout_is_an_error():
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_up_proj = torch.nn.Parameter(torch.zeros(4, 128, 256))
+
+    model = _llama()
+    model.model.layers[0].mlp.experts = Experts()
+    with pytest.raises(NotImplementedError, match="EXPERTS_TRANSPOSED"):
+        fake.weights(model)

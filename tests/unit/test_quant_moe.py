@@ -262,10 +262,13 @@ def test_plan_is_the_rule():
     assert "K of 64" in scope.plan("linear", 256, 40, 8).reason
 
 
-def test_fake_quantize_model_follows_the_rule():
-    """The reference side of the rule: a transformers MoE model's experts and Linear
-    weights are replaced by their dequantized codes, router, norms and embeddings not."""
+def test_fake_quantize_follows_the_rule():
+    """The reference side of the rule (quant/fake.py): a transformers MoE model's experts
+    and Linear weights are replaced by their dequantized codes, router, norms and
+    embeddings not."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from vllm_x86.quant import fake
 
     cfg = Qwen3MoeConfig(
         vocab_size=256,
@@ -283,13 +286,13 @@ def test_fake_quantize_model_follows_the_rule():
     torch.manual_seed(0)
     model = Qwen3MoeForCausalLM(cfg).float()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    plans = scope.fake_quantize_model(model, 4, 128, True)
+    report = fake.fake_quantize(model, "x86_int4", group_size=128, zero_point=True, lm_head=False)
     after = model.state_dict()
     experts = "model.layers.0.mlp.experts.gate_up_proj"
-    assert plans[experts] == scope.Plan(4, 128)
-    assert plans["model.layers.0.mlp.experts.down_proj"] == scope.Plan(4, 64)
-    p = plans[experts]
-    want = scope.fake_quantize(before[experts][3], p, True)
+    assert report[experts] == "int4 g128 zp"
+    assert report["model.layers.0.mlp.experts.down_proj"] == "int4 g64 zp"
+    # each expert alone, from its bf16-rounded weight (what vLLM loads and quantizes)
+    want = scope.fake_quantize(before[experts][3].to(torch.bfloat16), scope.Plan(4, 128), True)
     assert torch.equal(after[experts][3], want)
     assert not torch.equal(after[experts], before[experts])
     assert not torch.equal(

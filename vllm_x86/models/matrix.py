@@ -76,6 +76,28 @@ def counts(data: dict) -> dict[str, int]:
     return out
 
 
+def unquantized(data: dict) -> list[str]:
+    """The architectures whose INT8/INT4 runs quantized no weight on either side (the
+    counts of the quantized modes' metrics are 0)."""
+    out = []
+    for name, row in sorted(data["archs"].items()):
+        ms = [row["modes"].get(m, {}).get("metrics", {}) for m in ("int8-eager", "int4-eager")]
+        if any(x.get("reference_quantized_weights") == 0 for x in ms):
+            out.append(name)
+    return out
+
+
+def unquantized_note(data: dict) -> str:
+    names = unquantized(data)
+    if not names:
+        return ""
+    return (
+        f"In {', '.join(f'`{n}`' for n in names)} no weight is quantized on either side "
+        "(scope.py's rule leaves every linear layer of theirs in bf16), so their INT8 / "
+        "INT4 cells say only that the methods load and run them. "
+    )
+
+
 def render(data: dict) -> str:
     data = with_table_reasons(data)
     meta = data.get("meta", {})
@@ -143,10 +165,14 @@ def render(data: dict) -> str:
         "options: INT4 in groups of 128 with zero points; the LM head in bf16), judged by "
         "the bf16 rule above against a reference whose weights are those the method "
         "quantizes, quantized and dequantized by the plugin's own functions "
-        "(`vllm_x86/quant/fake.py`; which weights: `vllm_x86/quant/scope.py`, the linear "
-        "layers of attention and MLP, not the MoE experts, the embeddings or the LM head; a "
-        "layer whose shape the kernel cannot take stays in bf16 in both, e.g. MoE routers "
-        "with 8 outputs). transformers runs that reference in fp32 and in bf16, in place of "
+        "(`vllm_x86/quant/fake.py`; which weights: `vllm_x86/quant/scope.py`: the linear "
+        "layers of attention and MLP and the routed MoE experts, each expert's matrices "
+        "on their own; not the MoE routers, which stay in bf16 so that the choice of "
+        "experts is the bf16 model's, nor the embeddings, the LM head, or the linear "
+        "layers of a Mamba-1 mixer, which vLLM builds without the quantization config; a "
+        "layer whose shape the kernel cannot take stays in bf16 in both). "
+        + unquantized_note(data)
+        + "transformers runs that reference in fp32 and in bf16, in place of "
         "the plain fp32 and bf16 references. Before that, vLLM must run as many weights "
         "with the INT8/INT4 kernels as the reference quantizes (INT8's error alone is "
         "within the bf16 tolerance here, so a layer left in bf16 shows only in that count). "

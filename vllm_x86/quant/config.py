@@ -105,17 +105,14 @@ class _X86QuantConfig(QuantizationConfig):
             qformat.check_files(model_name)
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
-        from vllm.model_executor.layers.fused_moe import RoutedExperts
-        from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
-        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
-
-        if isinstance(layer, ParallelLMHead) and self.lm_head:
+        kind = layer_kind(layer)
+        if kind == scope.LM_HEAD and self.lm_head:
             from vllm_x86.quant.lm_head import Int8LMHeadMethod
 
             return Int8LMHeadMethod()  # INT8 on request, whatever the layers' bits
-        if isinstance(layer, RoutedExperts):
+        if kind == scope.MOE_EXPERTS:
             return self._moe_method(layer, prefix)
-        if isinstance(layer, GateLinear):
+        if kind == scope.ROUTER:
             from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
             if self.prepacked and prefix in self.quantized_layers:
@@ -125,7 +122,7 @@ class _X86QuantConfig(QuantizationConfig):
                     "model again"
                 )
             return UnquantizedLinearMethod()  # the MoE router: bf16 (scope.py)
-        if not isinstance(layer, LinearBase):
+        if kind != scope.LINEAR:
             return None  # embeddings (and the LM head unless asked) stay in bf16
         if scope.weight_bits(scope.LINEAR, self.BITS, self.lm_head) is None:
             return None  # scope.py quantizes no Linear layers
@@ -166,7 +163,8 @@ class _X86QuantConfig(QuantizationConfig):
 
 def layer_kind(layer: torch.nn.Module) -> str | None:
     """The kind (scope.py) of a vLLM layer's weights, or None for a layer that has no
-    weights to quantize."""
+    weights to quantize: the dispatch of ``get_quant_method``. (vLLM asks only about
+    layers built with the quantization config: never about a Mamba-1 mixer's.)"""
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
     from vllm.model_executor.layers.vocab_parallel_embedding import (
         ParallelLMHead,
@@ -180,7 +178,7 @@ def layer_kind(layer: torch.nn.Module) -> str | None:
     from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
 
     if isinstance(layer, GateLinear):  # a LinearBase too: first
-        return "router"
+        return scope.ROUTER
     if isinstance(layer, LinearBase):
         return scope.LINEAR
     if isinstance(layer, RoutedExperts):

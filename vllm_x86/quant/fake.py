@@ -11,10 +11,14 @@ quantized vLLM model computes, up to the kernels' own rounding; a comparison wit
 checks the kernels and the choice of layers, not quantization error.
 
 A transformers weight's kind (scope.py): ``nn.Linear`` and ``Conv1D`` (GPT-2's
-transposed linear) are ``linear``, except the output embedding (``lm_head``) and the
-``nn.Linear`` layers inside an ``experts`` list (``moe_experts``); the 3-D tensors of a
+transposed linear) are ``linear``, except the output embedding (``lm_head``), the
+``nn.Linear`` layers inside an ``experts`` list (``moe_experts``), the MoE router
+(``router``) and those inside a Mamba-1 mixer (``mamba1_mixer``: vLLM builds them
+without the quantization config); the 3-D tensors of a
 fused experts module (transformers' ``use_experts_implementation``, [experts, out, in]
-or, where the module says ``is_transposed``, [experts, in, out]) are ``moe_experts``.
+or, where the module says ``is_transposed``, [experts, in, out]; Llama 4's, which does
+not say, [experts, in, out]: ``EXPERTS_TRANSPOSED``) are ``moe_experts``. A fused
+experts module of unknown layout is an error, not a weight left out.
 vLLM fuses some layers that transformers keeps apart (q/k/v into qkv_proj, gate and up
 into gate_up_proj); both quantize each output channel on its own, so quantizing the
 parts equals quantizing the fused weight. The shape rule is applied to each part: a
@@ -56,8 +60,11 @@ def weights(model: torch.nn.Module) -> list[Weight]:
     head = out_emb.weight if out_emb is not None else None
     found: list[Weight] = []
     seen: set[int] = set()
+    mamba1: list[str] = []  # the names of the Mamba-1 mixers (a parent comes first)
     for mname, mod in model.named_modules():
         prefix = f"{mname}." if mname else ""
+        if type(mod).__name__ in scope.MAMBA1_MIXER_CLASSES:
+            mamba1.append(prefix)
         if isinstance(mod, _linear_classes()):
             w = mod.weight
             if id(w) in seen:
@@ -65,30 +72,42 @@ def weights(model: torch.nn.Module) -> list[Weight]:
             seen.add(id(w))
             if head is not None and w is head:
                 kind = scope.LM_HEAD
+            elif any(mname.startswith(mixer) for mixer in mamba1):
+                kind = scope.MAMBA1_MIXER  # vLLM builds it unquantized (scope.py)
             elif ".experts." in f".{mname}.":
                 kind = scope.MOE_EXPERTS
             elif scope.kind_of(mname) == "router":
-                kind = "router"  # the MoE router stays bf16 (scope.py)
+                kind = scope.ROUTER  # the MoE router stays bf16 (scope.py)
             else:
                 kind = scope.LINEAR
             found.append(Weight(prefix + "weight", kind, w, isinstance(mod, Conv1D)))
         elif hasattr(mod, "is_transposed") and hasattr(mod, "is_concatenated"):
-            for pname, p in mod.named_parameters(recurse=False):
-                if p.ndim == 3 and id(p) not in seen:
-                    seen.add(id(p))
-                    found.append(
-                        Weight(prefix + pname, scope.MOE_EXPERTS, p, bool(mod.is_transposed))
-                    )
+            found += _experts(mod, prefix, bool(mod.is_transposed), seen)
+        elif type(mod).__name__ in EXPERTS_TRANSPOSED:
+            found += _experts(mod, prefix, EXPERTS_TRANSPOSED[type(mod).__name__], seen)
+        elif mname.split(".")[-1] == "experts" and any(
+            p.ndim == 3 for p in mod.parameters(recurse=False)
+        ):
+            raise NotImplementedError(
+                f"{mname}: a fused experts module ({type(mod).__name__}) whose layout "
+                "fake.py does not know: add it to EXPERTS_TRANSPOSED"
+            )
     return found
 
 
-def _qdq(w: torch.Tensor, bits: int, group_size: int, zero_point: bool) -> torch.Tensor:
-    """dequantize(quantize(w)) of an [N, K] weight, float32."""
-    if bits == 8:
-        return m.dequantize_int8(*m.quantize_int8(w))
-    g = m.effective_group_size(w.shape[1], group_size)
-    q, scale, zero = m.quantize_int4(w, g, zero_point)
-    return m.dequantize_int4(q, scale, zero, g)
+# Fused experts modules of transformers that do not say their layout
+# (``is_transposed``): class name -> stored [experts, in, out] (their forward is
+# ``bmm(x, w)``).
+EXPERTS_TRANSPOSED = {"Llama4TextExperts": True}
+
+
+def _experts(mod, prefix: str, transposed: bool, seen: set[int]) -> list[Weight]:
+    out = []
+    for pname, p in mod.named_parameters(recurse=False):
+        if p.ndim == 3 and id(p) not in seen:
+            seen.add(id(p))
+            out.append(Weight(prefix + pname, scope.MOE_EXPERTS, p, transposed))
+    return out
 
 
 def fake_quantize(
@@ -135,9 +154,9 @@ def fake_quantize(
                 what = f"bf16: {why}"
                 new[e] = mats[e]
                 continue
-            d = _qdq(w, wbits, group_size, zero_point)
-            new[e] = (d.t() if wt.transposed else d).to(data.dtype)
             g = m.effective_group_size(k, group_size)
+            d = scope.fake_quantize(w, scope.Plan(wbits, g if wbits == 4 else None), zero_point)
+            new[e] = (d.t() if wt.transposed else d).to(data.dtype)
             what = "int8" if wbits == 8 else f"int4 g{g}" + (" zp" if zero_point else "")
         with torch.no_grad():
             wt.param.data.copy_(new if data.ndim == 3 else new[0])

@@ -1,7 +1,7 @@
 """Which weights `x86_int8` and `x86_int4` quantize: the one rule, in one place.
 
-The methods (config.py, moe.py), the offline converter (convert.py) and anything that
-fake-quantizes a reference model ask this module, so they cannot disagree:
+The methods (config.py, moe.py), the offline converter (convert.py) and the
+fake-quantized reference (fake.py) ask this module, so they cannot disagree:
 
 - ``linear``: the Linear layers of the decoder (attention q/k/v/o, MLP gate/up/down,
   the shared experts of MoE models): quantized;
@@ -11,6 +11,11 @@ fake-quantizes a reference model ask this module, so they cannot disagree:
   so the choice of experts is the bf16 model's;
 - ``lm_head``: INT8 (for both methods) only when asked (``VLLM_X86_QUANT_LM_HEAD=1``,
   ``vllm-x86 quantize --lm-head``), else bf16;
+- ``mamba1_mixer``: the Linear layers of a Mamba-1 mixer (in_proj, x_proj, dt_proj,
+  out_proj of Mamba, FalconMamba and Jamba's Mamba layers): bf16. vLLM builds its
+  ``MambaMixer`` (vllm/model_executor/layers/mamba/mamba_mixer.py) without the
+  quantization config, so no method is asked for them; a reference must leave them too.
+  (Mamba-2 mixers take the config for in_proj and out_proj: those are ``linear``.)
 - ``embedding`` and everything else (norms, biases, convolutions, ...): bf16.
 
 A weight of a quantized kind whose shape the kernel does not take stays in bf16 with a
@@ -99,51 +104,17 @@ def fake_quantize(w, p: Plan, zero_point: bool = True):
     return m.dequantize_int4(q, scale, zero, p.group)
 
 
-def fake_quantize_model(
-    model, bits: int, group_size: int = 128, zero_point: bool = True, lm_head: bool = False
-) -> dict[str, Plan]:
-    """Replace, in place, every weight of a transformers model that `x86_int{bits}`
-    quantizes by the values its codes stand for (float32 math, stored in the model's
-    dtype, so use a float32 model for an exact reference). 2-D weights are one [n, k]
-    matrix; 3-D expert tensors ([experts, n, k]: transformers' fused gate_up_proj and
-    down_proj) are quantized expert by expert. Returns the plan of every weight seen.
-
-    The N of a fused vLLM layer (qkv_proj, gate_up_proj) is the sum of its parts; a
-    layer whose parts pass the shape check alone passes it fused (N multiples of 16 or
-    32), which is the case for every architecture the project serves."""
-    import torch
-
-    plans: dict[str, Plan] = {}
-    head = model.get_output_embeddings()
-    if lm_head and head is not None and head.weight is model.get_input_embeddings().weight:
-        # vLLM quantizes a copy of a tied table for the LM head; the embedding stays
-        head.weight = torch.nn.Parameter(head.weight.detach().clone())
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() not in (2, 3) or not p.is_floating_point():
-                continue
-            kind = kind_of(name)
-            if p.dim() == 3 and kind != "experts":
-                continue
-            n, k = p.shape[-2:]
-            pl = plan(kind, n, k, bits, group_size, lm_head)
-            plans[name] = pl
-            if not pl.quantized:
-                continue
-            zp = zero_point and pl.bits == 4
-            if p.dim() == 2:
-                p.copy_(fake_quantize(p.data, pl, zp).to(p.dtype))
-            else:
-                for e in range(p.shape[0]):
-                    p[e].copy_(fake_quantize(p.data[e], pl, zp).to(p.dtype))
-    return plans
-
-
 # Names of the kinds, for readers that ask by kind (config.layer_kind, fake.py).
 LINEAR = "linear"
 MOE_EXPERTS = "experts"
 LM_HEAD = "lm_head"
 EMBEDDING = "embedding"
+ROUTER = "router"
+MAMBA1_MIXER = "mamba1_mixer"
+
+# The transformers classes of a Mamba-1 mixer (vLLM's MambaMixer): their Linear layers
+# are MAMBA1_MIXER weights.
+MAMBA1_MIXER_CLASSES = ("MambaMixer", "FalconMambaMixer", "JambaMambaMixer")
 
 
 def weight_bits(kind: str, bits: int, lm_head: bool) -> int | None:
