@@ -1,4 +1,5 @@
-"""MoE experts of `x86_int8` and `x86_int4`: each expert's weights quantized while loading.
+"""MoE experts of `x86_int8` and `x86_int4`: each expert's weights quantized while
+loading, or loaded packed from a prepacked checkpoint.
 
 vLLM's fused-MoE layer (``RoutedExperts``) asks the quantization config for a
 ``FusedMoEMethodBase``; ``X86QuantMoEMethod`` is the plugin's. It loads the experts'
@@ -7,6 +8,14 @@ bf16 weights as vLLM's unquantized method does (w13 [E, 2I, H]: gate and up; w2
 Linear layers' quantizer and packing (methods.quantize_pack), so the same GEMM kernels
 (``torch.ops.vllm_x86.int8_w8a16_gemm`` / ``int4_w4a16_gemm``, or vLLM's / PyTorch's
 where the Linear layers use those) compute each expert's tokens.
+
+A prepacked checkpoint (`vllm-x86 quantize`, format version 2) holds each expert's
+gate, up and down already packed by ``pack_experts`` (the same quantize_pack of the same
+w13 and w2, w13 split at half its rows into gate and up); for the layers it lists in
+``packed_experts`` the method, built with ``prepacked=True``, creates the packed [E, ...]
+parameters and loads each expert's tensors into them (``_packed_loader``), nothing
+quantized. Other layers of such a checkpoint (and every layer of a version-1 one) hold
+bf16 experts and are quantized while loading (config.py).
 
 Routing is not touched: vLLM's runner calls the layer's router (``select_experts``:
 vLLM's CPU router, or the plugin's for sigmoid scores, ops/moe_routing.py) and hands the
