@@ -170,10 +170,43 @@ def _bf16_copy(src, dst):
     (dst / "config.json").write_text(json.dumps(cfg))
 
 
+def _version1(packed, bf16, dst):
+    """The checkpoint an earlier converter (format version 1) wrote: `packed` with its
+    routed experts back in bf16 (as that converter copied them), config and manifest
+    of version 1."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from vllm_x86.quant import format as qformat
+
+    shutil.copytree(packed, dst)
+    with safe_open(str(bf16 / "model.safetensors"), "pt") as f:
+        experts = {k: f.get_tensor(k) for k in f.keys() if ".experts." in k}
+    with safe_open(str(dst / "model.safetensors"), "pt") as f:
+        rest = {k: f.get_tensor(k) for k in f.keys() if ".experts." not in k}
+        metadata = f.metadata()
+    save_file({**rest, **experts}, str(dst / "model.safetensors"), metadata=metadata)
+    cfg = json.loads((dst / "config.json").read_text())
+    q = cfg["quantization_config"]
+    q.update(format_version=1, moe_experts="quantized while loading")
+    del q["packed_experts"]
+    (dst / "config.json").write_text(json.dumps(cfg))
+    manifest = json.loads((dst / qformat.MANIFEST).read_text())
+    manifest["format_version"] = 1
+    manifest["files"]["model.safetensors"]["bytes"] = (dst / "model.safetensors").stat().st_size
+    (dst / qformat.MANIFEST).write_text(json.dumps(manifest))
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 def test_prepacked_moe_checkpoint_equals_quantized_while_loading(tmp_path, bits):
-    """`vllm-x86 quantize` writes an MoE model's experts as they are and says so; served,
-    they are quantized while loading, and the tokens are those of `--quantization`."""
+    """`vllm-x86 quantize` packs an MoE model's routed experts (1 byte or half a byte a
+    weight in the file); served, they load packed, and the tokens are those of
+    `--quantization` (same round-to-nearest codes and kernels). A checkpoint of format
+    version 1 (experts in bf16) still loads: its experts are quantized while loading."""
+    from safetensors import safe_open
+
     from vllm_x86.quant.convert import quantize_checkpoint
 
     src, prompt = _checkpoint("Qwen3MoeForCausalLM")
@@ -182,15 +215,37 @@ def test_prepacked_moe_checkpoint_equals_quantized_while_loading(tmp_path, bits)
     said: list[str] = []
     out = tmp_path / f"int{bits}"
     quantize_checkpoint(bf16, out, bits, method="rtn", progress=said.append)
-    assert any("routed-expert weight tensors are written in bf16" in s for s in said), said
+    assert any(f"weight tensors (2 layers) are packed in INT{bits}" in s for s in said), said
     qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
-    assert qcfg["moe_experts"] == "quantized while loading"
+    assert qcfg["moe_experts"] == "packed" and qcfg["format_version"] == 2
+    assert qcfg["packed_experts"] == [f"model.layers.{x}.mlp.experts" for x in (0, 1)]
     assert not any(".experts." in x or x.endswith(".gate") for x in qcfg["quantized_layers"])
+    dtype = torch.int8 if bits == 8 else torch.uint8
+    with (
+        safe_open(str(out / "model.safetensors"), "pt") as f,
+        safe_open(str(bf16 / "model.safetensors"), "pt") as b,
+    ):
+        names = [k for k in b.keys() if ".experts." in k]
+        assert len(names) == 2 * 8 * 3  # layers x experts x (gate, up, down)
+        for k in names:
+            t = f.get_tensor(k)
+            assert t.dtype == dtype and t.nbytes * 8 == b.get_tensor(k).numel() * bits, k
+        assert f.get_tensor("model.layers.0.mlp.gate.weight").dtype == torch.bfloat16
+
     on_the_fly = _serve(bf16, prompt, "--quantization", f"x86_int{bits}")
     prepacked = _serve(out, prompt)
+    assert f"MoE experts in INT{bits} (prepacked" in prepacked["log"]
+    assert "(quantized while loading" not in prepacked["log"]
     assert all(x["method"] == "X86QuantMoEMethod" for x in prepacked["experts"])
     assert prepacked["experts"] == on_the_fly["experts"]
     assert prepacked["token_ids"] == on_the_fly["token_ids"]
+
+    old = tmp_path / f"int{bits}-v1"
+    _version1(out, bf16, old)
+    got = _serve(old, prompt)
+    assert f"MoE experts in INT{bits} (quantized while loading" in got["log"]
+    assert got["experts"] == on_the_fly["experts"]
+    assert got["token_ids"] == on_the_fly["token_ids"]
 
 
 def test_compiled_equals_eager():

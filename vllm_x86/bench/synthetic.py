@@ -81,7 +81,7 @@ TOKENIZERS: dict[str, NpmTokenizer] = {
 class Shape:
     name: str
     description: str
-    model_type: str  # "llama" or "qwen3"
+    model_type: str  # "llama", "qwen3" or "qwen3_moe"
     tokenizer: str  # a TOKENIZERS key, or "default-model"
     config: dict = field(default_factory=dict)
 
@@ -109,6 +109,24 @@ SHAPES: dict[str, Shape] = {
             "qwen3",
             "qwen3",
             {**_QWEN3, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28},
+        ),
+        Shape(
+            "qwen3-moe-small",
+            "a small Qwen3-MoE: hidden 1024, 8 layers, 16 heads, 8 KV heads, head_dim 128, "
+            "32 routed experts of intermediate size 512 (top 4), vocab 151936, tied "
+            "embeddings; Qwen3 tokenizer (load-time comparisons of quantized experts)",
+            "qwen3_moe",
+            "qwen3",
+            {
+                **_QWEN3,
+                "hidden_size": 1024,
+                "intermediate_size": 3072,
+                "moe_intermediate_size": 512,
+                "num_experts": 32,
+                "num_experts_per_tok": 4,
+                "norm_topk_prob": True,
+                "num_hidden_layers": 8,
+            },
         ),
         Shape(
             "qwen3-1.7b",
@@ -276,12 +294,18 @@ def build(name: str, force: bool = False) -> Path:
     _say(f"building random-weight model {name} ({shape.description})")
     t0 = time.monotonic()
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
-    cfg_cls = {"llama": LlamaConfig, "qwen3": Qwen3Config}[shape.model_type]
+    cfg_cls = {"llama": LlamaConfig, "qwen3": Qwen3Config, "qwen3_moe": Qwen3MoeConfig}[
+        shape.model_type
+    ]
     config = cfg_cls(**shape.config)
     config.architectures = [
-        {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[shape.model_type]
+        {
+            "llama": "LlamaForCausalLM",
+            "qwen3": "Qwen3ForCausalLM",
+            "qwen3_moe": "Qwen3MoeForCausalLM",
+        }[shape.model_type]
     ]
     final.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=final.parent) as tmp:

@@ -7,8 +7,10 @@ Two ways in:
   environment (VLLM_X86_QUANT_GROUP_SIZE, VLLM_X86_QUANT_ZERO_POINT), see envs.py;
 - a checkpoint written by `vllm-x86 quantize`: its config.json carries
   `quantization_config` with `quant_method` x86_int8/x86_int4 and `prepacked: true`;
-  the packed tensors load as they are (format.py checks the format first); MoE
-  experts are stored in bf16 there and quantized while loading.
+  the packed tensors load as they are (format.py checks the format first), the MoE
+  experts too where the checkpoint lists their layer in `packed_experts` (format
+  version 2); experts stored in bf16 (an earlier converter's checkpoints, shapes the
+  converter does not pack) are quantized while loading.
 
 The embeddings stay in bf16, and so does the LM head unless VLLM_X86_QUANT_LM_HEAD=1
 (or `vllm-x86 quantize --lm-head`) asks for it in INT8 (lm_head.py).
@@ -51,6 +53,7 @@ class _X86QuantConfig(QuantizationConfig):
         format_version: int | None = None,
         quantized_layers: list[str] | None = None,
         lm_head: bool | None = None,
+        packed_experts: list[str] | None = None,
     ) -> None:
         super().__init__()
         group_size, zero_point, lm_head = scope.options(self.BITS, group_size, zero_point, lm_head)
@@ -64,6 +67,9 @@ class _X86QuantConfig(QuantizationConfig):
         # prepacked: the checkpoint's (unfused) names of the layers it holds packed
         self.quantized_layers = list(quantized_layers or [])
         self.lm_head = lm_head
+        # prepacked: the checkpoint's names of the MoE layers whose experts it holds
+        # packed (format version 2; the others are quantized while loading)
+        self.packed_experts = list(packed_experts or [])
 
     def __repr__(self) -> str:
         extra = (
@@ -98,6 +104,7 @@ class _X86QuantConfig(QuantizationConfig):
             format_version=config.get("format_version"),
             quantized_layers=config.get("quantized_layers"),
             lm_head=config.get("lm_head") if config.get("prepacked") else None,
+            packed_experts=config.get("packed_experts"),
         )
 
     def maybe_update_config(self, model_name: str, *args, **kwargs) -> None:
@@ -140,13 +147,27 @@ class _X86QuantConfig(QuantizationConfig):
         return (Int4LinearMethod if self.BITS == 4 else Int8LinearMethod)(self)
 
     def _moe_method(self, layer, prefix: str):
-        """The routed experts of an MoE layer: quantized while loading (also for a
-        prepacked checkpoint, whose experts are stored in bf16), or, where moe.py cannot
-        take the layer, vLLM's bf16 experts with a warning saying why."""
+        """The routed experts of an MoE layer: packed in the checkpoint (a prepacked one
+        that lists the layer in packed_experts), else quantized while loading (also for
+        a prepacked checkpoint that stores them in bf16: written by an earlier
+        converter, or a shape the converter does not pack), or, where moe.py cannot take
+        the layer, vLLM's bf16 experts with a warning saying why."""
         from vllm.model_executor.layers.fused_moe import UnquantizedFusedMoEMethod
 
         from vllm_x86.quant import moe
 
+        if self.prepacked and any(
+            prefix == p or prefix.startswith(p + ".") for p in self.packed_experts
+        ):
+            kernel = moe.prepacked_kernel(self.BITS, self.layout)
+            problem = moe.moe_problem(layer.moe_config, self.BITS, self.group_size, kernel)
+            if problem is not None:
+                raise qformat.FormatError(
+                    f"this checkpoint holds the MoE experts of {prefix} packed and they "
+                    f"cannot run here: {problem}; serve the bf16 model with --quantization "
+                    f"{self.NAME}"
+                )
+            return moe.X86QuantMoEMethod(self, layer.moe_config, prepacked=True)
         kernel = moe.expert_kernel(self.BITS, self.group_size)
         problem = moe.moe_problem(layer.moe_config, self.BITS, self.group_size, kernel)
         if problem is not None:

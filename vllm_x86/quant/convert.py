@@ -1,8 +1,9 @@
 """`vllm-x86 quantize MODEL OUT --bits 8|4`: write a prepacked checkpoint.
 
 The output is a model directory vLLM serves directly (`vllm-x86 serve OUT`): the
-decoder's Linear weights quantized and packed in the kernels' layout, everything else
-(norms, embeddings, LM head, biases, MoE experts and routers) copied as it is (with `--lm-head`
+decoder's Linear weights and the routed MoE experts quantized and packed in the kernels'
+layout, everything else (norms, embeddings, LM head, biases, MoE routers) copied as it
+is (with `--lm-head`
 the config asks for an INT8 LM head, made from the bf16 one while loading), tokenizer and other
 files copied, config.json with a `quantization_config` (format.py), and x86_quant.json
 with the size of every weight file.
@@ -11,9 +12,15 @@ Each Linear weight is quantized and packed on its own, under its checkpoint name
 (q_proj, k_proj, v_proj, ...): vLLM's loaders then fuse them as they do bf16 weights
 (methods.py, `_packed_param`). What is quantized is what `--quantization` quantizes on
 the fly (scope.py): 2-D `.weight` tensors of the decoder's Linear layers whose shape
-the kernels take. Routed MoE expert weights are written as they are and quantized while
-the checkpoint loads (moe.py; round to nearest, also with --method gptq: the
-converter says so), MoE routers stay as they are.
+the kernels take. Routed MoE experts stored one tensor per expert and projection
+(``...experts.<e>.gate_proj/up_proj/down_proj.weight``, or w1/w3/w2) are quantized and
+packed as moe.py packs them while loading (moe.pack_experts: round to nearest, also
+with --method gptq; the converter says so), under their own names, and their layers
+are listed in ``quantization_config.packed_experts``. A layer whose expert shapes the
+kernel does not take (moe.expert_shape_problem, with gate and up stored apart) or whose
+experts are stored otherwise is written as it is, and the loader treats it as
+``--quantization`` does (quantized while loading, or bf16 with a warning). MoE routers
+stay as they are.
 
 INT4 codes are chosen by GPTQ by default (``--method gptq``, gptq.py): the converter
 first runs the checkpoint through transformers on a calibration text, one decoder layer
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -41,8 +49,73 @@ class ConvertError(Exception):
 
 def is_quantizable(name: str, shape: tuple[int, ...]) -> bool:
     """A Linear weight the converter packs: scope.py's "linear" kind (not the routed
-    experts, which are stored in bf16 and quantized while loading, nor the router)."""
+    experts, which pack_experts packs, nor the router)."""
     return scope.kind_of(name) == "linear" and name.endswith(".weight") and len(shape) == 2
+
+
+EXPERT_KEY = re.compile(r"^(?P<layer>.+\.experts)\.(?P<e>\d+)\.(?P<proj>[a-z_0-9]+)\.weight$")
+
+
+def expert_key(key: str) -> tuple[str, int, str] | None:
+    """(layer, expert, shard) of a per-expert weight name (shard: vLLM's w1 gate, w3 up,
+    w2 down), or None."""
+    from vllm_x86.quant import moe
+
+    mt = EXPERT_KEY.match(key)
+    if mt is None or mt["proj"] not in moe.SHARDS:
+        return None
+    return mt["layer"], int(mt["e"]), moe.SHARDS[mt["proj"]]
+
+
+def plan_experts(
+    files, bits: int, group_size: int, kernel: str
+) -> tuple[dict[str, dict[int, dict[str, str]]], dict[str, str]]:
+    """From the safetensors headers: the MoE layers whose routed experts the converter
+    packs ({layer: {expert: {shard: key}}}) and why the others stay as they are
+    ({layer: reason})."""
+    from safetensors import safe_open
+
+    from vllm_x86.quant import moe
+
+    found: dict[str, dict[int, dict[str, tuple[str, list[int], str]]]] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            for key in sf.keys():
+                ek = expert_key(key)
+                if ek is not None:
+                    t = sf.get_slice(key)
+                    found.setdefault(ek[0], {}).setdefault(ek[1], {})[ek[2]] = (
+                        key,
+                        list(t.get_shape()),
+                        t.get_dtype(),
+                    )
+    packed: dict[str, dict[int, dict[str, str]]] = {}
+    kept: dict[str, str] = {}
+    for layer, experts in found.items():
+        shapes = {
+            (tuple(x["w1"][1]), tuple(x["w3"][1]), tuple(x["w2"][1]))
+            for x in experts.values()
+            if set(x) == {"w1", "w2", "w3"}
+        }
+        dtypes = {v[2] for x in experts.values() for v in x.values()}
+        if any(set(x) != {"w1", "w2", "w3"} for x in experts.values()):
+            kept[layer] = "an expert without all of gate, up and down"
+        elif not dtypes <= {"BF16", "F16", "F32"}:
+            kept[layer] = f"expert weights of dtype {sorted(dtypes)}"
+        elif len(shapes) != 1:
+            kept[layer] = "experts of different shapes"
+        else:
+            ((gate, up, down),) = shapes
+            if len(gate) != 2 or gate != up or down != gate[::-1]:
+                kept[layer] = f"gate {gate}, up {up}, down {down} are not [I, H], [I, H], [H, I]"
+            else:
+                i, h = gate
+                problem = moe.expert_shape_problem(h, i, bits, group_size, kernel, split=True)
+                if problem:
+                    kept[layer] = problem
+        if layer not in kept:
+            packed[layer] = {e: {s: v[0] for s, v in x.items()} for e, x in experts.items()}
+    return packed, kept
 
 
 def _say(progress, msg: str) -> None:
@@ -69,6 +142,7 @@ def quantize_checkpoint(
 
     from vllm_x86 import __version__
     from vllm_x86.quant import methods as m
+    from vllm_x86.quant import moe as moe_m
 
     src, out = Path(model_dir).expanduser(), Path(out_dir).expanduser()
     name = {8: "x86_int8", 4: "x86_int4"}.get(bits)
@@ -129,6 +203,12 @@ def quantize_checkpoint(
     quantized: list[str] = []
     kept: list[str] = []
     moe = {"experts": 0, "router": 0}  # MoE weights stored as they are
+    expert_plan, experts_kept = plan_experts(files, bits, group_size, kernel)
+    for layer, why in sorted(experts_kept.items()):
+        _say(progress, f"  {layer}: experts stay as they are (quantized while loading): {why}")
+    where = {key: f for f in files for key in _keys(f)} if expert_plan else {}
+    experts_packed: dict[tuple[str, int], dict] = {}  # packed, not yet all written
+    n_packed = 0
     weight_map: dict[str, str] = {}
     in_bytes = 0
     for i, f in enumerate(files, 1):
@@ -140,6 +220,23 @@ def quantize_checkpoint(
             for j, key in enumerate(keys, 1):
                 if j % 100 == 0:
                     _say(progress, f"  {f.name}: {j}/{len(keys)} tensors")
+                ek = expert_key(key)
+                if ek is not None and ek[0] in expert_plan:
+                    layer, e, shard = ek
+                    if (layer, e) not in experts_packed:
+                        keys3 = expert_plan[layer][e]
+                        w = {x: _tensor(where[keys3[x]], keys3[x], sf, f) for x in keys3}
+                        experts_packed[(layer, e)] = moe_m.pack_experts(
+                            bits, kernel, w["w1"], w["w3"], w["w2"], group_size, zero_point
+                        )
+                    part = experts_packed[(layer, e)].pop(shard)
+                    if not experts_packed[(layer, e)]:
+                        del experts_packed[(layer, e)]
+                    module = key[: -len(".weight")]
+                    for pname, v in part.items():
+                        tensors[f"{module}.{pname}"] = v
+                    n_packed += 1
+                    continue
                 t = sf.get_tensor(key)
                 module = key[: -len(".weight")]
                 if not (is_quantizable(key, tuple(t.shape)) and t.is_floating_point()):
@@ -188,13 +285,19 @@ def quantize_checkpoint(
         save_file(tensors, str(tmp / f.name), metadata=metadata)
         weight_map.update({k: f.name for k in tensors})
         _say(progress, f"[{i}/{len(files)}] {f.name}: {len(tensors)} tensors written")
-    if moe["experts"] or moe["router"]:
+    if n_packed or moe["experts"] or moe["router"]:
+        rtn = f"round to nearest{', not GPTQ' if method == 'gptq' else ''}"
         _say(
             progress,
-            f"MoE: {moe['experts']} routed-expert weight tensors are written in "
-            f"{src_dtype(files)} and quantized to INT{bits} while the checkpoint loads "
-            f"(round to nearest{', not GPTQ' if method == 'gptq' else ''}); "
-            f"{moe['router']} router weights stay as they are (routing as in bf16)",
+            f"MoE: {n_packed} routed-expert weight tensors ({len(expert_plan)} layers) are "
+            f"packed in INT{bits} ({rtn}, as while loading); "
+            + (
+                f"{moe['experts']} are written in {src_dtype(files)} and quantized while "
+                "the checkpoint loads; "
+                if moe["experts"]
+                else ""
+            )
+            + f"{moe['router']} router weights stay as they are (routing as in bf16)",
         )
     if not quantized:
         shutil.rmtree(tmp)
@@ -231,8 +334,22 @@ def quantize_checkpoint(
         "quantized_layers": quantized,
         # the LM head is stored in bf16 and quantized to INT8 while loading (lm_head.py)
         "lm_head": bool(lm_head),
-        # routed MoE experts: stored as they were, quantized while loading (moe.py)
-        **({"moe_experts": "quantized while loading"} if moe["experts"] else {}),
+        # routed MoE experts: the layers whose experts are packed (moe.pack_experts);
+        # experts written as they were are quantized while loading (moe.py)
+        **(
+            {
+                "moe_experts": (
+                    "packed"
+                    if not moe["experts"]
+                    else "quantized while loading"
+                    if not n_packed
+                    else "packed in packed_experts, the others quantized while loading"
+                ),
+                "packed_experts": sorted(expert_plan),
+            }
+            if n_packed or moe["experts"]
+            else {}
+        ),
     }
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     manifest = qformat.write_manifest(
@@ -249,6 +366,8 @@ def quantize_checkpoint(
             ),
             "quantized_layers": len(quantized),
             "kept_layers": kept,
+            "packed_expert_layers": len(expert_plan),
+            "kept_expert_layers": experts_kept,
         },
     )
     tmp.rename(out)
@@ -260,6 +379,23 @@ def quantize_checkpoint(
         f"{time.monotonic() - t0:.1f} s; serve it with: vllm-x86 serve {out}",
     )
     return manifest
+
+
+def _keys(f) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(f), framework="pt") as sf:
+        return list(sf.keys())
+
+
+def _tensor(f, key: str, current, current_file):
+    """A tensor of the checkpoint: from the file being read, or from another shard."""
+    from safetensors import safe_open
+
+    if f == current_file:
+        return current.get_tensor(key)
+    with safe_open(str(f), framework="pt") as sf:
+        return sf.get_tensor(key)
 
 
 def src_dtype(files) -> str:

@@ -5,7 +5,9 @@ tensors the plugin's INT8/INT4 methods run with (packed in the kernels' layout, 
 vLLM's parameter names, fused projections whole), plus:
 
 - config.json `quantization_config`: quant_method (x86_int8 | x86_int4), bits,
-  group_size, zero_point, prepacked: true, layout (the kernels' packing), format_version;
+  group_size, zero_point, prepacked: true, layout (the kernels' packing), format_version,
+  quantized_layers, and packed_experts (the MoE layers whose routed experts are packed,
+  each expert's gate, up and down under its checkpoint names; format version 2);
 - x86_quant.json: the format version and the size of every weight file, so that a
   truncated or replaced file is caught before anything is loaded.
 
@@ -19,7 +21,11 @@ import json
 import os
 from typing import Any
 
-FORMAT_VERSION = 1
+# Version 2: routed MoE experts packed too (quantization_config.packed_experts), which a
+# reader of version 1 would load into bf16 parameters. Version 1 (MoE experts stored in
+# bf16, quantized while loading; Linear layers as in version 2) still loads.
+FORMAT_VERSION = 2
+READS = (1, 2)
 MANIFEST = "x86_quant.json"
 
 
@@ -40,10 +46,10 @@ def check_config(config: dict[str, Any], name: str) -> None:
     if not config.get("prepacked"):
         return
     version = config.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READS:
         raise FormatError(
             f"this {name} checkpoint is in prepacked format version {version!r}; this "
-            f"vllm-x86 reads version {FORMAT_VERSION}. Quantize the bf16 model again with "
+            f"vllm-x86 reads versions {', '.join(map(str, READS))}. Quantize the bf16 model again with "
             "`vllm-x86 quantize`, or serve the bf16 model with --quantization " + name
         )
     layout = config.get("layout")
@@ -66,10 +72,10 @@ def check_files(model_dir: str) -> None:
         )
     with open(path) as f:
         manifest = json.load(f)
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READS:
         raise FormatError(
             f"{MANIFEST} is format version {manifest.get('format_version')!r}, this "
-            f"vllm-x86 reads {FORMAT_VERSION}; quantize the bf16 model again"
+            f"vllm-x86 reads {', '.join(map(str, READS))}; quantize the bf16 model again"
         )
     for name, info in manifest.get("files", {}).items():
         fpath = os.path.join(model_dir, name)

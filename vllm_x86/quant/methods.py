@@ -349,6 +349,38 @@ def lm_head_bf16_reason(n: int, k: int, kernel: str) -> str | None:
 # ------------------------------------------------------------------ methods
 
 
+def packed_shapes(
+    bits: int, kernel: str, n: int, k: int, group: int | None = None
+) -> dict[str, tuple[tuple[int, ...], torch.dtype, int]]:
+    """The tensors quantize_pack makes of an [N, K] weight for one of the AMX kernels
+    a prepacked checkpoint is written for: name -> (shape, dtype, output channels per
+    entry of the first dimension)."""
+    if bits == 8:
+        if kernel != "w8a16":
+            raise ValueError(f"prepacked INT8 is laid out for the w8a16 kernel, not {kernel!r}")
+        return {
+            "weight": ((n // 16, 16 * k), torch.int8, 16),
+            "weight_scale": ((n,), torch.float32, 1),
+        }
+    g = group
+    if kernel == "w4a16":  # pack_int4_w4a16's shapes
+        return {
+            "weight": ((n // 16, 8 * k), torch.uint8, 16),
+            "weight_zp": ((n // 16, k // g * 16), torch.uint8, 16),
+            "weight_scale": ((n // 16, k // g * 16), torch.float32, 16),
+        }
+    if kernel == "vllm":
+        # shapes of convert_weight_packed_scale_zp's outputs for an [N, K] weight:
+        # blocks of 32 output channels x one group, 16 bytes of codes per input
+        # channel plus 128 bytes of per-block sums
+        return {
+            "weight": ((n // 32, k // g, g * 16 + 128), torch.uint8, 32),
+            "weight_zp": ((n // 32, k // g, 32), torch.int8, 32),
+            "weight_scale": ((n // 32, k // g, 32), torch.float32, 32),
+        }
+    raise ValueError(f"no prepacked INT4 layout for the {kernel!r} kernel")
+
+
 def _packed_param(layer: Module, name: str, shape, dtype, weight_loader, rows_per_entry=1):
     """A parameter for a prepacked tensor, loaded by the layer's own weight loader.
 
@@ -499,8 +531,8 @@ class X86Int8Linear(_X86QuantLinearMethod):
 
     def create_prepacked(self, layer, n, k, loader):
         layer.x86_kernel = "w8a16"
-        _packed_param(layer, "weight", (n // 16, 16 * k), torch.int8, loader, 16)
-        _packed_param(layer, "weight_scale", (n,), torch.float32, loader)
+        for name, (shape, dtype, rows) in packed_shapes(8, "w8a16", n, k).items():
+            _packed_param(layer, name, shape, dtype, loader, rows)
 
     def quantize_and_pack(self, layer, w):
         layer.x86_kernel = int8_kernel()
@@ -542,17 +574,8 @@ class X86Int4Linear(_X86QuantLinearMethod):
         g = self._group(layer)
         layer.x86_group = g
         layer.x86_kernel = self._kernel()
-        if layer.x86_kernel == "w4a16":  # pack_int4_w4a16's shapes
-            _packed_param(layer, "weight", (n // 16, 8 * k), torch.uint8, loader, 16)
-            _packed_param(layer, "weight_zp", (n // 16, k // g * 16), torch.uint8, loader, 16)
-            _packed_param(layer, "weight_scale", (n // 16, k // g * 16), torch.float32, loader, 16)
-            return
-        # shapes of convert_weight_packed_scale_zp's outputs for an [N, K] weight:
-        # blocks of 32 output channels x one group, 16 bytes of codes per input
-        # channel plus 128 bytes of per-block sums
-        _packed_param(layer, "weight", (n // 32, k // g, g * 16 + 128), torch.uint8, loader, 32)
-        _packed_param(layer, "weight_zp", (n // 32, k // g, 32), torch.int8, loader, 32)
-        _packed_param(layer, "weight_scale", (n // 32, k // g, 32), torch.float32, loader, 32)
+        for name, (shape, dtype, rows) in packed_shapes(4, layer.x86_kernel, n, k, g).items():
+            _packed_param(layer, name, shape, dtype, loader, rows)
 
     def quantize_and_pack(self, layer, w):
         g = self._group(layer)

@@ -1,4 +1,5 @@
-"""MoE experts of `x86_int8` and `x86_int4`: each expert's weights quantized while loading.
+"""MoE experts of `x86_int8` and `x86_int4`: each expert's weights quantized while
+loading, or loaded packed from a prepacked checkpoint.
 
 vLLM's fused-MoE layer (``RoutedExperts``) asks the quantization config for a
 ``FusedMoEMethodBase``; ``X86QuantMoEMethod`` is the plugin's. It loads the experts'
@@ -7,6 +8,14 @@ bf16 weights as vLLM's unquantized method does (w13 [E, 2I, H]: gate and up; w2
 Linear layers' quantizer and packing (methods.quantize_pack), so the same GEMM kernels
 (``torch.ops.vllm_x86.int8_w8a16_gemm`` / ``int4_w4a16_gemm``, or vLLM's / PyTorch's
 where the Linear layers use those) compute each expert's tokens.
+
+A prepacked checkpoint (`vllm-x86 quantize`, format version 2) holds each expert's
+gate, up and down already packed by ``pack_experts`` (the same quantize_pack of the same
+w13 and w2, w13 split at half its rows into gate and up); for the layers it lists in
+``packed_experts`` the method, built with ``prepacked=True``, creates the packed [E, ...]
+parameters and loads each expert's tensors into them (``_packed_loader``), nothing
+quantized. Other layers of such a checkpoint (and every layer of a version-1 one) hold
+bf16 experts and are quantized while loading (config.py).
 
 Routing is not touched: vLLM's runner calls the layer's router (``select_experts``:
 vLLM's CPU router, or the plugin's for sigmoid scores, ops/moe_routing.py) and hands the
@@ -67,12 +76,97 @@ def moe_problem(moe, bits: int, group_size: int, kernel: str) -> str | None:
         return f"activation {moe.activation.value!r} (the quantized experts run gated SiLU/GELU)"
     if getattr(moe, "swiglu_limit", None) is not None:
         return "a clamped SwiGLU (swiglu_limit)"
-    h, i = moe.hidden_dim, moe.intermediate_size_per_partition
-    for what, n, k in (("gate_up", 2 * i, h), ("down", h, i)):
+    return expert_shape_problem(
+        moe.hidden_dim, moe.intermediate_size_per_partition, bits, group_size, kernel
+    )
+
+
+def expert_shape_problem(
+    h: int, i: int, bits: int, group_size: int, kernel: str, split: bool = False
+) -> str | None:
+    """Why experts with hidden size `h` and intermediate size `i` cannot be quantized
+    for `kernel` (gate_up 2I x H, down H x I), or None. `split`: also gate and up
+    alone (I x H), which the prepacked format stores apart (pack_experts)."""
+    shapes = [("gate_up", 2 * i, h), ("down", h, i)]
+    if split:
+        shapes.insert(0, ("gate (and up)", i, h))
+    for what, n, k in shapes:
         p = scope.plan("experts", n, k, bits, group_size, kernel=kernel)
         if not p.quantized:
             return f"expert {what} weight {n}x{k}: {p.reason}"
     return None
+
+
+def expert_group(bits: int, k: int, group_size: int) -> int | None:
+    """The INT4 group size of an expert weight with K input channels (None for INT8)."""
+    return m.effective_group_size(k, group_size) if bits == 4 else None
+
+
+def prepacked_kernel(bits: int, layout: str | None) -> str:
+    """The kernel a prepacked checkpoint's experts are packed for (its layout's)."""
+    return "w8a16" if bits == 8 else m.int4_layout_kernel(layout)
+
+
+# Checkpoint names of an expert's projections -> vLLM's shard ids (w1 gate, w3 up,
+# w2 down): the names vLLM's expert loaders map onto w13 and w2.
+SHARDS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "w1": "w1", "w3": "w3", "w2": "w2"}
+
+
+def pack_experts(
+    bits: int,
+    kernel: str,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    group_size: int,
+    zero_point: bool,
+) -> dict[str, dict[str, torch.Tensor]]:
+    """One expert's weights (gate, up [I, H]; down [H, I]) quantized and packed exactly
+    as process_weights_after_loading does (w13 = gate and up stacked, packed whole;
+    w2), returned by shard: {"w1": gate's rows of the packed w13 tensors, "w3": up's,
+    "w2": ...}. Packing works on blocks of whole output channels, so the packed w13
+    splits into gate and up at half its first dimension when I is a multiple of the
+    block (expert_shape_problem with split=True checks it)."""
+    h, i = gate.shape[1], gate.shape[0]
+    w13 = m.quantize_pack(
+        bits, kernel, torch.cat([gate, up]), expert_group(bits, h, group_size), zero_point
+    )
+    w2 = m.quantize_pack(bits, kernel, down, expert_group(bits, i, group_size), zero_point)
+    out: dict[str, dict[str, torch.Tensor]] = {"w1": {}, "w3": {}, "w2": w2}
+    for name, t in w13.items():
+        half = t.shape[0] // 2
+        out["w1"][name], out["w3"][name] = t[:half], t[half:]
+    return out
+
+
+def _packed_loader(dtype: torch.dtype):
+    """The weight loader of a packed expert parameter ([E, ...]): vLLM's expert loaders
+    call it with one expert's tensor and its shard id (w1/w3: the first/second half of
+    w13's first dimension; w2: the whole of w2)."""
+
+    def load(param, loaded_weight, weight_name, shard_id, expert_id, return_success=False):
+        if loaded_weight.dtype != dtype:
+            raise ValueError(
+                f"prepacked expert tensor {weight_name} of dtype {loaded_weight.dtype} where "
+                f"{dtype} belongs: the checkpoint's files and its quantization_config "
+                "disagree; quantize the bf16 model again"
+            )
+        dst = param.data[expert_id]
+        if shard_id in ("w1", "w3"):
+            half = dst.shape[0] // 2
+            dst = dst.narrow(0, 0 if shard_id == "w1" else half, half)
+        elif shard_id != "w2":
+            raise ValueError(f"shard_id must be w1, w2 or w3, not {shard_id!r}")
+        if tuple(dst.shape) != tuple(loaded_weight.shape):
+            raise ValueError(
+                f"prepacked expert tensor {weight_name} (expert {expert_id}, {shard_id}) has "
+                f"shape {tuple(loaded_weight.shape)} where {tuple(dst.shape)} belongs; "
+                "quantize the bf16 model again"
+            )
+        dst.copy_(loaded_weight)
+        return True if return_success else None
+
+    return load
 
 
 def expert_kernel(bits: int, group_size: int) -> str:
@@ -110,11 +204,17 @@ def run_experts(x, topk_weights, topk_ids, gemm, activation, num_experts, weight
 
 
 class X86QuantMoEMethod(FusedMoEMethodBase):
-    def __init__(self, config, moe) -> None:
+    def __init__(self, config, moe, prepacked: bool = False) -> None:
         super().__init__(moe)
         self.config = config
         self.bits = config.BITS
-        self.kernel = expert_kernel(self.bits, config.group_size)
+        # prepacked: the checkpoint holds this layer's experts packed (pack_experts)
+        self.prepacked = prepacked
+        self.kernel = (
+            prepacked_kernel(self.bits, config.layout)
+            if prepacked
+            else expert_kernel(self.bits, config.group_size)
+        )
 
     def create_weights(
         self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **kw
@@ -126,6 +226,11 @@ class X86QuantMoEMethod(FusedMoEMethodBase):
                 f"{self.config.get_name()} runs bfloat16 models (its kernels take bfloat16 "
                 f"activations), not {params_dtype}; pass --dtype bfloat16"
             )
+        if self.prepacked:
+            self._create_prepacked(
+                layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, kw
+            )
+            return
         # the bf16 parameters and loaders of vLLM's unquantized method (it reads only
         # self.moe): the checkpoint loads exactly as without quantization
         UnquantizedFusedMoEMethod.create_weights(
@@ -138,12 +243,42 @@ class X86QuantMoEMethod(FusedMoEMethodBase):
             **kw,
         )
 
+    def _create_prepacked(self, layer, e, h, i, params_dtype, attrs) -> None:
+        """The packed parameters of a prepacked checkpoint's experts ([E, ...] stacks of
+        what pack_experts makes of each expert), loaded by _packed_loader; biases, if
+        any, in bf16 with vLLM's loader."""
+        from vllm.model_executor.utils import set_weight_attrs
+
+        if self.moe.moe_parallel_config.tp_size > 1:
+            raise ValueError(
+                "prepacked x86 checkpoints run with tensor parallel size 1; serve the bf16 "
+                f"model with --quantization {self.config.get_name()} to split it"
+            )
+        for which, n, k in (("w13", 2 * i, h), ("w2", h, i)):
+            group = expert_group(self.bits, k, self.config.group_size)
+            for name, (shape, dtype, _) in m.packed_shapes(
+                self.bits, self.kernel, n, k, group
+            ).items():
+                p = Parameter(torch.empty((e, *shape), dtype=dtype), requires_grad=False)
+                set_weight_attrs(p, {"weight_loader": _packed_loader(dtype)})
+                layer.register_parameter(f"{which}_{name}", p)
+            if self.moe.has_bias:
+                b = Parameter(torch.zeros(e, n, dtype=params_dtype), requires_grad=False)
+                layer.register_parameter(f"{which}_bias", b)
+                set_weight_attrs(b, attrs)
+
     def process_weights_after_loading(self, layer: Module) -> None:
         if getattr(layer, "x86_done", False):
             return
         layer.x86_done = True
         layer.x86_moe_key = f"{getattr(layer, 'layer_name', 'experts')}@{id(layer):x}"
         _LAYERS[layer.x86_moe_key] = layer
+        if self.prepacked and not m.amx_available():
+            raise RuntimeError(
+                "this checkpoint's MoE experts are packed for the AMX kernels and this CPU "
+                "has no AMX (or VLLM_X86_QUANT_KERNEL=torch is set); serve the bf16 "
+                f"checkpoint with --quantization {self.config.get_name()} instead"
+            )
         if self.kernel in ("w8a16", "w4a16"):
             m.check_plugin_amx()
         elif self.kernel == "torch":
@@ -154,29 +289,35 @@ class X86QuantMoEMethod(FusedMoEMethodBase):
                 self.config.get_name(),
             )
         layer.x86_moe_elements = 0  # elements on the INT8/INT4 kernels (conformance count)
-        for which in ("w13", "w2"):
-            w = getattr(layer, f"{which}_weight").data
-            n, k = w.shape[1:]
-            layer.x86_moe_elements += w.numel()
-            group = m.effective_group_size(k, self.config.group_size) if self.bits == 4 else None
-            packed = [
-                m.quantize_pack(self.bits, self.kernel, w[e], group, self.config.zero_point)
-                for e in range(w.shape[0])
-            ]
-            for name in packed[0]:
-                t = torch.stack([p[name] for p in packed])
-                setattr(layer, f"{which}_{name}", Parameter(t, requires_grad=False))
+        e, h, i = (
+            layer.w13_weight.shape[0],
+            self.moe.hidden_dim,
+            self.moe.intermediate_size_per_partition,
+        )
+        for which, n, k in (("w13", 2 * i, h), ("w2", h, i)):
+            layer.x86_moe_elements += e * n * k
+            group = expert_group(self.bits, k, self.config.group_size)
+            if not self.prepacked:  # quantize and pack each expert's bf16 weight
+                w = getattr(layer, f"{which}_weight").data
+                packed = [
+                    m.quantize_pack(self.bits, self.kernel, w[x], group, self.config.zero_point)
+                    for x in range(e)
+                ]
+                for name in packed[0]:
+                    t = torch.stack([p[name] for p in packed])
+                    setattr(layer, f"{which}_{name}", Parameter(t, requires_grad=False))
             setattr(layer, f"x86_{which}_group", group)
             bias = getattr(layer, f"{which}_bias", None)
             setattr(layer, f"x86_{which}_bias", None if bias is None else bias.data.float())
-        key = f"{self.config.get_name()}{tuple(layer.w13_weight.shape)}"
+        key = f"{self.config.get_name()}{tuple(layer.w13_weight.shape)}{self.prepacked}"
         if key not in _logged:
             _logged.add(key)
-            e, n13 = layer.w13_weight.shape[0], 2 * self.moe.intermediate_size_per_partition
+            n13 = 2 * i
             m.logger.info(
-                "vllm-x86: MoE experts in INT%d (%d experts, gate_up %dx%d, down %dx%d, "
+                "vllm-x86: MoE experts in INT%d (%s, %d experts, gate_up %dx%d, down %dx%d, "
                 "kernel %s%s)",
                 self.bits,
+                "prepacked" if self.prepacked else "quantized while loading",
                 e,
                 n13,
                 self.moe.hidden_dim,
