@@ -331,7 +331,7 @@ def tiny_moe_bf16(tmp_path_factory):
 
 @needs_amx
 @pytest.mark.parametrize("bits", [8, 4])
-def test_converter_keeps_experts_and_router_and_says_so(tiny_moe_bf16, tmp_path, bits):
+def test_converter_packs_experts_keeps_router_and_says_so(tiny_moe_bf16, tmp_path, bits):
     import json
 
     from safetensors import safe_open
@@ -343,22 +343,20 @@ def test_converter_keeps_experts_and_router_and_says_so(tiny_moe_bf16, tmp_path,
     quantize_checkpoint(tiny_moe_bf16, out, bits, method="rtn", progress=said.append)
     msg = next(s for s in said if s.startswith("MoE:"))
     # Hub names: 16 experts x (gate, up, down); one router
-    assert "48 routed-expert weight tensors are written in bf16" in msg, msg
-    assert f"quantized to INT{bits} while the checkpoint loads" in msg
+    assert f"48 routed-expert weight tensors (1 layers) are packed in INT{bits}" in msg, msg
     assert "1 router weights stay" in msg
     qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
-    assert qcfg["moe_experts"] == "quantized while loading"
+    assert qcfg["moe_experts"] == "packed"
     assert "model.layers.0.self_attn.o_proj" in qcfg["quantized_layers"]
-    assert not any("experts" in x or x.endswith(".gate") for x in qcfg["quantized_layers"])
+    assert not any(x.endswith(".gate") for x in qcfg["quantized_layers"])
+    want = torch.int8 if bits == 8 else torch.uint8
     with safe_open(str(next(out.glob("*.safetensors"))), "pt") as f:
         keys = set(f.keys())
-        assert f.get_tensor("model.layers.0.mlp.experts.3.down_proj.weight").dtype == (
-            torch.bfloat16
-        )
+        assert f.get_tensor("model.layers.0.mlp.experts.3.down_proj.weight").dtype == want
         assert f.get_tensor("model.layers.0.mlp.gate.weight").dtype == torch.bfloat16
-        want = torch.int8 if bits == 8 else torch.uint8
         assert f.get_tensor("model.layers.0.self_attn.o_proj.weight").dtype == want
-    assert "model.layers.0.mlp.experts.3.down_proj.weight_scale" not in keys
+    assert "model.layers.0.mlp.experts.3.down_proj.weight_scale" in keys
+    assert "model.layers.0.mlp.gate.weight_scale" not in keys
 
 
 def test_prepacked_checkpoint_with_a_packed_router_is_refused():
