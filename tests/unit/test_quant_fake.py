@@ -291,3 +291,51 @@ def test_a_fused_experts_module_of_unknown_layout_is_an_error():
     model.model.layers[0].mlp.experts = Experts()
     with pytest.raises(NotImplementedError, match="EXPERTS_TRANSPOSED"):
         fake.weights(model)
+
+
+@pytest.mark.parametrize("arch", ["mamba", "jamba"])
+def test_converter_keeps_the_mamba1_mixers_the_reference_keeps(tmp_path, arch):
+    """`vllm-x86 quantize` leaves exactly the Linear weights in bf16 that vLLM builds
+    unquantized (Mamba-1 mixers), told apart in the checkpoint by its model type."""
+    from safetensors import safe_open
+    from transformers import JambaConfig, JambaForCausalLM, MambaConfig, MambaForCausalLM
+
+    from vllm_x86.quant.convert import quantize_checkpoint
+
+    torch.manual_seed(0)
+    if arch == "mamba":
+        model = MambaForCausalLM(
+            MambaConfig(hidden_size=128, num_hidden_layers=2, vocab_size=512, state_size=16)
+        )
+    else:
+        model = JambaForCausalLM(
+            JambaConfig(
+                hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                num_experts=4, num_experts_per_tok=2, expert_layer_period=2,
+                expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1,
+                mamba_d_state=16, use_mamba_kernels=False,
+            )
+        )  # fmt: skip
+    model = model.to(torch.bfloat16).eval()
+    src = tmp_path / "bf16"
+    model.save_pretrained(str(src))
+    mixer = {
+        w.name for w in fake.weights(model) if w.kind == scope.MAMBA1_MIXER
+    }  # the reference's rule, from the modules
+    assert mixer
+    if arch == "mamba":  # nothing but Mamba-1 mixers in its blocks: nothing to quantize
+        from vllm_x86.quant.convert import ConvertError
+
+        with pytest.raises(ConvertError, match="nothing to quantize"):
+            quantize_checkpoint(src, tmp_path / "q", 8, progress=None)
+        return
+    quantize_checkpoint(src, tmp_path / "q", 8, progress=None)
+    with safe_open(str(next((tmp_path / "q").glob("*.safetensors"))), "pt") as f:
+        dtypes = {k: f.get_tensor(k).dtype for k in f.keys()}
+    for name in mixer:
+        assert dtypes[name] == torch.bfloat16, name
+        assert name.removesuffix(".weight") + ".weight_scale" not in dtypes
+    packed = {k for k, d in dtypes.items() if d == torch.int8}
+    assert "model.layers.1.self_attn.o_proj.weight" in packed
+    assert "model.layers.0.feed_forward.down_proj.weight" in packed

@@ -47,10 +47,15 @@ class ConvertError(Exception):
     """The conversion cannot run as asked; the message is meant for the user."""
 
 
-def is_quantizable(name: str, shape: tuple[int, ...]) -> bool:
+def is_quantizable(name: str, shape: tuple[int, ...], model_type: str | None = None) -> bool:
     """A Linear weight the converter packs: scope.py's "linear" kind (not the routed
-    experts, which pack_experts packs, nor the router)."""
-    return scope.kind_of(name) == "linear" and name.endswith(".weight") and len(shape) == 2
+    experts, which pack_experts packs, nor the router, nor a Mamba-1 mixer's layers,
+    which vLLM builds unquantized)."""
+    return (
+        scope.checkpoint_kind(name, model_type) == scope.LINEAR
+        and name.endswith(".weight")
+        and len(shape) == 2
+    )
 
 
 EXPERT_KEY = re.compile(r"^(?P<layer>.+\.experts)\.(?P<e>\d+)\.(?P<proj>[a-z_0-9]+)\.weight$")
@@ -169,6 +174,7 @@ def quantize_checkpoint(
             "checkpoints"
         )
     config = json.loads((src / "config.json").read_text())
+    model_type = config.get("model_type")
     if config.get("quantization_config"):
         method = config["quantization_config"].get("quant_method", "?")
         raise ConvertError(
@@ -195,7 +201,11 @@ def quantize_checkpoint(
             raise ConvertError(str(e)) from None
 
     t0 = time.monotonic()
-    codes = _calibrate(src, calib_windows, group_size, kernel, progress) if method == "gptq" else {}
+    codes = (
+        _calibrate(src, calib_windows, group_size, kernel, progress, model_type)
+        if method == "gptq"
+        else {}
+    )
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -239,7 +249,7 @@ def quantize_checkpoint(
                     continue
                 t = sf.get_tensor(key)
                 module = key[: -len(".weight")]
-                if not (is_quantizable(key, tuple(t.shape)) and t.is_floating_point()):
+                if not (is_quantizable(key, tuple(t.shape), model_type) and t.is_floating_point()):
                     kind = scope.kind_of(key)
                     if kind in ("experts", "router") and key.endswith(".weight"):
                         moe[kind] += 1
@@ -410,7 +420,9 @@ def src_dtype(files) -> str:
     return "their dtype"
 
 
-def _calibrate(src: Path, windows: int, group_size: int, kernel: str, progress) -> dict:
+def _calibrate(
+    src: Path, windows: int, group_size: int, kernel: str, progress, model_type=None
+) -> dict:
     """GPTQ codes of every quantizable Linear layer whose shape the kernel takes
     (gptq.sequential_gptq), running the checkpoint through transformers on the
     calibration text one decoder layer at a time."""
@@ -432,7 +444,7 @@ def _calibrate(src: Path, windows: int, group_size: int, kernel: str, progress) 
 
     def group_size_of(name: str, linear) -> int | None:
         n, k = linear.weight.shape
-        if not is_quantizable(name + ".weight", (n, k)):
+        if not is_quantizable(name + ".weight", (n, k), model_type):
             return None
         if m.int4_shape_problem(n, k, group_size, kernel):
             return None  # stays in the model's dtype, as the converter keeps it
@@ -440,7 +452,7 @@ def _calibrate(src: Path, windows: int, group_size: int, kernel: str, progress) 
 
     try:
         need = gptq.calibration_bytes(
-            model, lambda name: is_quantizable(name + ".weight", (0, 0)), windows, 512
+            model, lambda name: is_quantizable(name + ".weight", (0, 0), model_type), windows, 512
         )
     except ValueError as e:  # no decoder layers where GPTQ looks for them
         raise ConvertError(f"GPTQ: {e}; use --method rtn") from None

@@ -115,6 +115,20 @@ MAMBA1_MIXER = "mamba1_mixer"
 # The transformers classes of a Mamba-1 mixer (vLLM's MambaMixer): their Linear layers
 # are MAMBA1_MIXER weights.
 MAMBA1_MIXER_CLASSES = ("MambaMixer", "FalconMambaMixer", "JambaMambaMixer")
+# In a checkpoint only the model type tells a Mamba-1 mixer's weights apart: config.json's
+# model_type -> the name segment of its mixers (backbone.layers.3.mixer.in_proj.weight,
+# model.layers.3.mamba.in_proj.weight).
+MAMBA1_MIXER_SEGMENTS = {"mamba": "mixer", "falcon_mamba": "mixer", "jamba": "mamba"}
+
+
+def checkpoint_kind(name: str, model_type: str | None) -> str:
+    """kind_of for a tensor of a checkpoint whose config.json says `model_type`: also
+    tells the Linear layers of Mamba-1 mixers (MAMBA1_MIXER) apart."""
+    kind = kind_of(name)
+    segment = MAMBA1_MIXER_SEGMENTS.get(model_type or "")
+    if kind == LINEAR and segment is not None and segment in name.split("."):
+        return MAMBA1_MIXER
+    return kind
 
 
 def weight_bits(kind: str, bits: int, lm_head: bool) -> int | None:
