@@ -50,7 +50,7 @@ def _checkpoint(arch: str):
     return tiny.build(arch, cfg), tiny.prompt_ids(tiny.text_config(cfg).vocab_size)
 
 
-def _serve(model, prompt, *extra, eager=True) -> dict:
+def _serve(model, prompt, *extra, eager=True, env=None) -> dict:
     r = subprocess.run(
         [
             PYTHON,
@@ -74,7 +74,7 @@ def _serve(model, prompt, *extra, eager=True) -> dict:
         capture_output=True,
         text=True,
         timeout=900,
-        env=clean_env(),
+        env=clean_env(**(env or {})),
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     line = next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))
@@ -248,11 +248,17 @@ def test_prepacked_moe_checkpoint_equals_quantized_while_loading(tmp_path, bits)
     assert got["token_ids"] == on_the_fly["token_ids"]
 
 
-def test_compiled_equals_eager():
+def test_compiled_equals_eager(tmp_path):
     """vLLM compiles the CPU MoE forward with Dynamo; the quantized experts are one
-    opaque op there (moe.quant_moe_experts) and give the eager tokens."""
+    opaque op there (moe.quant_moe_experts) and give the eager tokens, also when the
+    next start loads the compiled graph from the compile cache (the op's layer key is
+    baked into it, so it must be the same in every process)."""
     model_dir, prompt = _checkpoint("Qwen3MoeForCausalLM")
+    cache = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
     eager = _serve(model_dir, prompt, "--quantization", "x86_int4")
-    compiled = _serve(model_dir, prompt, "--quantization", "x86_int4", eager=False)
+    compiled = _serve(model_dir, prompt, "--quantization", "x86_int4", eager=False, env=cache)
     assert compiled["experts"] == eager["experts"]
     assert compiled["token_ids"] == eager["token_ids"]
+    again = _serve(model_dir, prompt, "--quantization", "x86_int4", eager=False, env=cache)
+    assert "Directly load AOT compilation" in again["log"], again["log"][-3000:]
+    assert again["token_ids"] == eager["token_ids"]

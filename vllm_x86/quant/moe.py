@@ -271,8 +271,19 @@ class X86QuantMoEMethod(FusedMoEMethodBase):
         if getattr(layer, "x86_done", False):
             return
         layer.x86_done = True
-        layer.x86_moe_key = f"{getattr(layer, 'layer_name', 'experts')}@{id(layer):x}"
-        _LAYERS[layer.x86_moe_key] = layer
+        # The key is vLLM's layer name, the same in every process: compiled mode bakes it
+        # into the graph, and a later start loads that graph from the compile cache.
+        name = getattr(layer, "layer_name", None) or f"experts@{id(layer):x}"
+        other = _LAYERS.get(name)
+        if other is not None and other is not layer:
+            m._warn_once(
+                f"moe-key-{name}",
+                "vllm-x86: a second model in this process has MoE layer %s; the custom op "
+                "now runs the newer one's experts under that name",
+                name,
+            )
+        layer.x86_moe_key = name
+        _LAYERS[name] = layer
         if self.prepacked and not m.amx_available():
             raise RuntimeError(
                 "this checkpoint's MoE experts are packed for the AMX kernels and this CPU "
