@@ -46,7 +46,11 @@ def conformance_results(request):
     return out
 
 
+# The first case also sets up the session fixture, which runs the whole suite (about 13
+# minutes here on a quiet machine): pyproject's 900 s per test would cut it short on a
+# slower one and turn every case into an error.
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_conformance(conformance_case, conformance_results):
     arch, mode = conformance_case
     entry = conformance_results[arch][mode]
