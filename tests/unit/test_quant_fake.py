@@ -191,32 +191,16 @@ def test_the_config_asks_the_same_rule(monkeypatch):
     assert cfg.get_quant_method(layer, "model.layers.0.mlp.down_proj") is None
 
 
-def test_mamba1_mixers_stay_bf16_as_vllm_builds_them():
-    """vLLM builds a Mamba-1 mixer (MambaMixer) without the quantization config, so the
-    reference leaves its Linear layers in bf16; Mamba-2's mixer takes the config."""
-    import inspect
-
+def _mamba1(arch: str):
+    """A tiny random Mamba or Jamba (Mamba-1 mixers; Jamba also attention and MoE)."""
     from transformers import JambaConfig, JambaForCausalLM, MambaConfig, MambaForCausalLM
-    from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
-    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
-
-    assert "quant_config" not in inspect.signature(MambaMixer.__init__).parameters
-    assert "quant_config" in inspect.signature(MambaMixer2.__init__).parameters
 
     torch.manual_seed(0)
-    mamba = MambaForCausalLM(
-        MambaConfig(hidden_size=128, num_hidden_layers=2, vocab_size=512, state_size=16)
-    ).eval()
-    before = _state(mamba)
-    report = fake.fake_quantize(mamba, "x86_int8", lm_head=False)
-    mixer = {n for n in report if ".mixer." in n}
-    assert {n.split(".")[-2] for n in mixer} == {"in_proj", "x_proj", "dt_proj", "out_proj"}
-    assert all(report[n] == "bf16: scope.py does not quantize mamba1_mixer weights" for n in mixer)
-    after = dict(mamba.named_parameters())
-    assert all(torch.equal(after[n].detach(), before[n]) for n in before)
-
-    torch.manual_seed(0)
-    jamba = JambaForCausalLM(
+    if arch == "mamba":
+        return MambaForCausalLM(
+            MambaConfig(hidden_size=128, num_hidden_layers=2, vocab_size=512, state_size=16)
+        ).eval()
+    return JambaForCausalLM(
         JambaConfig(
             hidden_size=128,
             intermediate_size=256,
@@ -234,6 +218,29 @@ def test_mamba1_mixers_stay_bf16_as_vllm_builds_them():
             use_mamba_kernels=False,
         )
     ).eval()
+
+
+def test_mamba1_mixers_stay_bf16_as_vllm_builds_them():
+    """vLLM builds a Mamba-1 mixer (MambaMixer) without the quantization config, so the
+    reference leaves its Linear layers in bf16; Mamba-2's mixer takes the config."""
+    import inspect
+
+    from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+    assert "quant_config" not in inspect.signature(MambaMixer.__init__).parameters
+    assert "quant_config" in inspect.signature(MambaMixer2.__init__).parameters
+
+    mamba = _mamba1("mamba")
+    before = _state(mamba)
+    report = fake.fake_quantize(mamba, "x86_int8", lm_head=False)
+    mixer = {n for n in report if ".mixer." in n}
+    assert {n.split(".")[-2] for n in mixer} == {"in_proj", "x_proj", "dt_proj", "out_proj"}
+    assert all(report[n] == "bf16: scope.py does not quantize mamba1_mixer weights" for n in mixer)
+    after = dict(mamba.named_parameters())
+    assert all(torch.equal(after[n].detach(), before[n]) for n in before)
+
+    jamba = _mamba1("jamba")
     kinds = {w.name: w.kind for w in fake.weights(jamba)}
     assert {n.split(".")[-2] for n, k in kinds.items() if k == scope.MAMBA1_MIXER} == {
         "in_proj",
@@ -298,26 +305,10 @@ def test_converter_keeps_the_mamba1_mixers_the_reference_keeps(tmp_path, arch):
     """`vllm-x86 quantize` leaves exactly the Linear weights in bf16 that vLLM builds
     unquantized (Mamba-1 mixers), told apart in the checkpoint by its model type."""
     from safetensors import safe_open
-    from transformers import JambaConfig, JambaForCausalLM, MambaConfig, MambaForCausalLM
 
     from vllm_x86.quant.convert import quantize_checkpoint
 
-    torch.manual_seed(0)
-    if arch == "mamba":
-        model = MambaForCausalLM(
-            MambaConfig(hidden_size=128, num_hidden_layers=2, vocab_size=512, state_size=16)
-        )
-    else:
-        model = JambaForCausalLM(
-            JambaConfig(
-                hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
-                num_experts=4, num_experts_per_tok=2, expert_layer_period=2,
-                expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1,
-                mamba_d_state=16, use_mamba_kernels=False,
-            )
-        )  # fmt: skip
-    model = model.to(torch.bfloat16).eval()
+    model = _mamba1(arch).to(torch.bfloat16)
     src = tmp_path / "bf16"
     model.save_pretrained(str(src))
     mixer = {
