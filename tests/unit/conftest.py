@@ -28,3 +28,24 @@ def tiny_bf16(tmp_path_factory):
     model.save_pretrained(str(out))
     (out / "tokenizer_config.json").write_text("{}\n")
     return out
+
+
+def tiny_qwen3_moe_config(moe_intermediate: int = 64):
+    """A 1-layer Qwen3-MoE config: 16 experts, top-2, hidden 128, untied embeddings."""
+    from transformers import Qwen3MoeConfig
+
+    cfg = Qwen3MoeConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=moe_intermediate,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=16,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
+    )
+    cfg.architectures = ["Qwen3MoeForCausalLM"]
+    return cfg

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.unit.conftest import tiny_qwen3_moe_config
 from vllm_x86.ops import reference as ref
 from vllm_x86.quant import scope
 
@@ -266,23 +267,11 @@ def test_fake_quantize_follows_the_rule():
     """The reference side of the rule (quant/fake.py): a transformers MoE model's experts
     and Linear weights are replaced by their dequantized codes, router, norms and
     embeddings not."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeForCausalLM
 
     from vllm_x86.quant import fake
 
-    cfg = Qwen3MoeConfig(
-        vocab_size=256,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=16,
-        num_experts_per_tok=2,
-        tie_word_embeddings=False,
-    )
+    cfg = tiny_qwen3_moe_config()
     torch.manual_seed(0)
     model = Qwen3MoeForCausalLM(cfg).float()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -307,21 +296,9 @@ def test_fake_quantize_follows_the_rule():
 def tiny_moe_bf16(tmp_path_factory):
     """A 1-layer random Qwen3-MoE in bf16 (8 experts, router 8 x 128: too narrow for
     the kernels; shared by the converter tests)."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeForCausalLM
 
-    cfg = Qwen3MoeConfig(
-        vocab_size=256,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=16,
-        num_experts_per_tok=2,
-    )
-    cfg.architectures = ["Qwen3MoeForCausalLM"]
+    cfg = tiny_qwen3_moe_config()
     torch.manual_seed(0)
     model = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16)
     out = tmp_path_factory.mktemp("tiny-moe") / "bf16"

@@ -15,6 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.unit.conftest import tiny_qwen3_moe_config
+
 AMX = bool(torch.cpu._is_amx_tile_supported())
 needs_amx = pytest.mark.skipif(not AMX, reason="the CPU has no AMX (the kernels are AMX)")
 
@@ -258,21 +260,9 @@ def test_format_versions():
 
 def _tiny_moe(path, moe_intermediate):
     """A 1-layer random Qwen3-MoE in bf16 (16 experts; router 16 x 128)."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeForCausalLM
 
-    cfg = Qwen3MoeConfig(
-        vocab_size=256,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=moe_intermediate,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=16,
-        num_experts_per_tok=2,
-    )
-    cfg.architectures = ["Qwen3MoeForCausalLM"]
+    cfg = tiny_qwen3_moe_config(moe_intermediate)
     torch.manual_seed(0)
     Qwen3MoeForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(path))
     return path
