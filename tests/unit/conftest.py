@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+AMX = bool(torch.cpu._is_amx_tile_supported())
+needs_amx = pytest.mark.skipif(not AMX, reason="the CPU has no AMX (the kernels are AMX)")
+
 
 @pytest.fixture(scope="session")
 def tiny_bf16(tmp_path_factory):

@@ -21,10 +21,8 @@ import os
 import pytest
 import torch
 
+from tests.unit.conftest import AMX, needs_amx
 from vllm_x86.quant import methods as m
-
-AMX = bool(torch.cpu._is_amx_tile_supported())
-needs_amx = pytest.mark.skipif(not AMX, reason="the CPU has no AMX (the kernels are AMX)")
 
 SHAPES = [(256, 576), (1024, 1024), (576, 1536), (192, 576)]  # SmolLM2 and Qwen3 layers
 ROWS = [1, 8, 32, 64]

@@ -18,12 +18,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.unit.conftest import tiny_qwen3_moe_config
+from tests.unit.conftest import needs_amx, tiny_qwen3_moe_config
 from vllm_x86.ops import reference as ref
 from vllm_x86.quant import scope
-
-AMX = bool(torch.cpu._is_amx_tile_supported())
-needs_amx = pytest.mark.skipif(not AMX, reason="the CPU has no AMX (the kernels are AMX)")
 
 
 def _rel(y, want) -> float:

@@ -15,10 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.unit.conftest import tiny_qwen3_moe_config
-
-AMX = bool(torch.cpu._is_amx_tile_supported())
-needs_amx = pytest.mark.skipif(not AMX, reason="the CPU has no AMX (the kernels are AMX)")
+from tests.unit.conftest import needs_amx, tiny_qwen3_moe_config
 
 # (bits, group size, zero point, layout) of the prepacked formats
 FORMATS = [
