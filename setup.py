@@ -32,6 +32,7 @@ if os.environ.get("VLLM_X86_SKIP_KERNELS") != "1":
                 f"{csrc}/isa_avx512.cpp",
                 f"{csrc}/isa_avx512bf16.cpp",
                 f"{csrc}/amx_gemm.cpp",
+                f"{csrc}/vnni_gemm.cpp",
             ],
             extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp"],
             extra_link_args=["-fopenmp"],

@@ -7,9 +7,11 @@ o 1024x2048, gate_up 6144x1024, down 1024x3072) with every kernel, cycling throu
 --layers copies of the weights so that they stream from memory as in a real decode step
 (28 layers: 440 MB of bf16), and prints ms per layer and ratios. Kernels: vLLM CPU's
 bf16 GEMM (what an unquantized layer runs), the plugin's int8_w8a16_gemm and
-int4_w4a16_gemm (group 128, zero points), vLLM CPU's W8A8 and W4A8 AMX kernels
-(VLLM_X86_QUANT_KERNEL=vllm). Needs AMX. Absolute times are for orientation only; the
-kernels run one after another in one process, so read the ratios.
+int4_w4a16_gemm (group 128, zero points; AMX or AVX-512 VNNI, whichever runs here:
+`--quant-isa` picks), then on AMX vLLM CPU's W8A8 and W4A8 AMX kernels
+(VLLM_X86_QUANT_KERNEL=vllm), and without AMX PyTorch's weight-only kernels (what the
+methods ran there before the VNNI kernels). Absolute times are for orientation only;
+the kernels run one after another in one process, so read the ratios.
 """
 
 from __future__ import annotations
@@ -41,10 +43,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default="1,8,16,32,64,256")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: as set)")
     ap.add_argument("--seconds", type=float, default=1.0, help="per kernel and row count")
+    ap.add_argument("--quant-isa", default="auto", help="auto, amx or avx512_vnni")
     a = ap.parse_args(argv)
-    if not torch.cpu._is_amx_tile_supported():
-        print("this CPU has no AMX: the quantized kernels do not run here", file=sys.stderr)
+    import vllm_x86._C as C
+
+    C.set_quant_isa(a.quant_isa)
+    if not C.quant_isa():
+        print(
+            "this CPU has neither AMX nor AVX-512 VNNI: the plugin's quantized kernels do "
+            "not run here",
+            file=sys.stderr,
+        )
         return 1
+    amx = C.quant_isa() == "amx"
     if a.threads:
         torch.set_num_threads(a.threads)
     from vllm.model_executor.layers.utils import (
@@ -55,7 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_x86.quant import methods as m
 
     m._ops()
-    m.check_plugin_amx()
     layers = []
     for n, k in SHAPES:
         w = (torch.randn(n, k) * 0.05).to(torch.bfloat16)
@@ -71,9 +81,12 @@ def main(argv: list[str] | None = None) -> int:
                     "bf16": bf,
                     "i8": m.pack_int8_w8a16(q8),
                     "s8": s8.clone(),
-                    "i8v": m.pack_int8(q8),
                     "i4": m.pack_int4_w4a16(*q4),
-                    "i4v": m.pack_int4(*q4),
+                    **(
+                        {"i8v": m.pack_int8(q8), "i4v": m.pack_int4(*q4)}
+                        if amx
+                        else {"i8t": q8, "i4t": m.quantize_pack(4, "torch", w, 128, True)}
+                    ),
                 }
             )
     kernels = {
@@ -81,18 +94,27 @@ def main(argv: list[str] | None = None) -> int:
         "int8 w8a16 (plugin)": lambda L, x: torch.ops.vllm_x86.int8_w8a16_gemm(
             x, L["i8"], L["s8"], None
         ),
-        "int8 w8a8 (vLLM)": lambda L, x: torch.ops._C.int8_scaled_mm_with_quant(
-            x, L["i8v"], L["s8"], None, x.dtype, True
-        ),
         "int4 w4a16 (plugin)": lambda L, x: torch.ops.vllm_x86.int4_w4a16_gemm(
             x, *L["i4"], 128, None
         ),
-        "int4 w4a8 (vLLM)": lambda L, x: torch.ops._C.int4_scaled_mm_cpu(x, *L["i4v"], None),
     }
+    if amx:
+        kernels["int8 w8a8 (vLLM)"] = lambda L, x: torch.ops._C.int8_scaled_mm_with_quant(
+            x, L["i8v"], L["s8"], None, x.dtype, True
+        )
+        kernels["int4 w4a8 (vLLM)"] = lambda L, x: torch.ops._C.int4_scaled_mm_cpu(
+            x, *L["i4v"], None
+        )
+    else:
+        kernels["int8 wo (torch)"] = lambda L, x: m.int8_matmul("torch", x, L["i8t"], L["s8"], None)
+        kernels["int4 wo (torch)"] = lambda L, x: m.int4_matmul(
+            "torch", x, L["i4t"]["weight"], None, None, 128, None, L["i4t"]["weight_scale_zero"]
+        )
     names = list(kernels)
     weights = sum(n * k for n, k in SHAPES)
     print(
-        f"Qwen3-0.6B layer GEMMs, {a.layers} copies, {torch.get_num_threads()} threads: "
+        f"Qwen3-0.6B layer GEMMs, {a.layers} copies, {torch.get_num_threads()} threads, "
+        f"plugin kernels: {C.quant_isa()}: "
         "ms per layer (4 GEMMs); ratio = bf16 time / kernel time; GB/s = weight bytes read"
     )
     print("| M | " + " | ".join(names) + " | int8 w8a16 vs bf16 | int4 w4a16 vs bf16 |")
@@ -111,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| {rows} | "
             + " | ".join(cells)
-            + f" | {t[names[0]] / t[names[1]]:.2f}x | {t[names[0]] / t[names[3]]:.2f}x |"
+            + f" | {t[names[0]] / t[names[1]]:.2f}x | {t[names[0]] / t[names[2]]:.2f}x |"
         )
     return 0
 

@@ -6,7 +6,22 @@ import pytest
 import torch
 
 AMX = bool(torch.cpu._is_amx_tile_supported())
-needs_amx = pytest.mark.skipif(not AMX, reason="the CPU has no AMX (the kernels are AMX)")
+# vLLM CPU's own INT8/INT4 kernels (VLLM_X86_QUANT_KERNEL=vllm, INT4 groups of 32)
+needs_amx = pytest.mark.skipif(not AMX, reason="the CPU has no AMX (vLLM CPU's INT8/INT4 kernels)")
+
+
+def _quant_isa() -> str | None:
+    from vllm_x86.quant.methods import quant_isa
+
+    return quant_isa()
+
+
+QUANT_ISA = _quant_isa()
+# the plugin's INT8/INT4 kernels: AMX, else AVX-512 VNNI
+needs_quant_kernels = pytest.mark.skipif(
+    QUANT_ISA is None,
+    reason="the CPU has neither AMX nor AVX-512 VNNI (the plugin's INT8/INT4 kernels)",
+)
 
 
 @pytest.fixture(scope="session")

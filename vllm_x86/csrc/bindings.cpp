@@ -42,6 +42,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available_isas", &vllm_x86::available_isas, "ISAs this CPU can run");
   m.def("amx_available", &vllm_x86::amx_available,
         "Whether the AMX kernels can run here (asks Linux for the tile state)");
+  m.def("quant_isa", &vllm_x86::quant_isa,
+        "The INT8/INT4 GEMM kernels that run: amx, avx512_vnni, or empty (none can run)");
+  m.def("set_quant_isa", &vllm_x86::set_quant_isa,
+        "Pick the INT8/INT4 GEMM kernels: auto, amx, avx512_vnni (for comparisons)");
   m.def("bind_threads", &vllm_x86::bind_threads,
         "Pin OpenMP thread t of this thread's team to cpus[t]");
   m.def("set_isa", &vllm_x86::set_isa, "Pick the kernels' ISA: auto, avx2, avx512, avx512_bf16");

@@ -14,6 +14,7 @@
 #include "amx_gemm.h"
 #include "kernels.h"
 #include "ops.h"
+#include "vnni_gemm.h"
 
 namespace vllm_x86 {
 
@@ -319,6 +320,38 @@ bool amx_available() { return amx::init(); }
 
 namespace {
 
+// The W8A16/W4A16 kernel family: "amx", "avx512_vnni" or "" (none can run here).
+std::string& quant_isa_choice() {
+  static std::string choice = [] {
+    if (amx::init()) return std::string("amx");
+    if (vnni::init()) return std::string("avx512_vnni");
+    return std::string();
+  }();
+  return choice;
+}
+
+}  // namespace
+
+std::string quant_isa() { return quant_isa_choice(); }
+
+void set_quant_isa(const std::string& name) {
+  if (name == "auto") {
+    quant_isa_choice() = amx::init() ? "amx" : vnni::init() ? "avx512_vnni" : "";
+    return;
+  }
+  TORCH_CHECK(name == "amx" || name == "avx512_vnni",
+              "vllm-x86 set_quant_isa: expected auto, amx or avx512_vnni, got ", name);
+  TORCH_CHECK(name != "amx" || amx::init(),
+              "vllm-x86: the AMX kernels cannot run here (no AMX-INT8, or Linux refused the "
+              "tile state)");
+  TORCH_CHECK(name != "avx512_vnni" || vnni::init(),
+              "vllm-x86: the AVX-512 VNNI kernels cannot run here (this CPU has no "
+              "AVX-512 VNNI)");
+  quant_isa_choice() = name;
+}
+
+namespace {
+
 // Activations of a W8A16/W4A16 GEMM: each bf16 row of x as 16-bit integers split in two
 // rows of bytes, padded with zero rows to a multiple of 16 (the A tiles read 16 rows).
 struct SplitRows {
@@ -327,9 +360,9 @@ struct SplitRows {
 };
 
 SplitRows split_activations(const at::Tensor& x, const char* op) {
-  TORCH_CHECK(amx::init(), "vllm-x86 ", op,
-              " needs AMX-INT8 (and Linux's permission to use it); this CPU or process has "
-              "none");
+  TORCH_CHECK(!quant_isa_choice().empty(), "vllm-x86 ", op,
+              " needs AMX-INT8 (and Linux's permission to use it) or AVX-512 VNNI; this CPU "
+              "or process has neither");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1,
               "vllm-x86 ", op, ": x must be a 2-D bfloat16 tensor with contiguous rows");
   const int64_t m = x.size(0), k = x.size(1);
@@ -380,9 +413,13 @@ at::Tensor int8_w8a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::T
   const float* sp = scale.data_ptr<float>();
   auto* op_ = reinterpret_cast<uint16_t*>(out.data_ptr());
   // work in units of 4 channel blocks (what one step of the kernel takes)
+  const bool use_amx = quant_isa_choice() == "amx";
   at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t b, int64_t e) {
-    amx::int8_w8a16_gemm(ap, xsp, a.rows, m, k, wp, sp, bp, op_, n, b * 4,
-                         std::min(e * 4, nblocks));
+    if (use_amx)
+      amx::int8_w8a16_gemm(ap, xsp, a.rows, m, k, wp, sp, bp, op_, n, b * 4,
+                           std::min(e * 4, nblocks));
+    else
+      vnni::int8_w8a16_gemm(ap, xsp, m, k, wp, sp, bp, op_, n, b * 4, std::min(e * 4, nblocks));
   });
   return out;
 }
@@ -418,6 +455,13 @@ at::Tensor int4_w4a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::T
   const auto* zp = zeros.data_ptr<uint8_t>();
   auto* op_ = reinterpret_cast<uint16_t*>(out.data_ptr());
   const bool prefill = a.rows > 32;  // more than one step of rows: expand blocks once
+  if (quant_isa_choice() != "amx") {
+    at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t b, int64_t e) {
+      vnni::int4_w4a16_gemm(ap, xsp, m, k, group_size, wp, sp, zp, bp, op_, n, b * 4,
+                            std::min(e * 4, nblocks));
+    });
+    return out;
+  }
   at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t b, int64_t e) {
     int8_t* scratch = nullptr;
     if (prefill) {

@@ -30,6 +30,10 @@ void split_norm_rope_neox(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& v_ou
                           int64_t num_kv_heads, int64_t head_size, double epsilon);
 
 bool amx_available();
+// The W8A16/W4A16 kernels that run: "amx", "avx512_vnni" (same results, no AMX) or ""
+// (neither can run here); set_quant_isa picks one ("auto": AMX where it can run).
+std::string quant_isa();
+void set_quant_isa(const std::string& name);
 // Pins OpenMP thread t of the calling thread's team to cpus[t] (team size = len(cpus));
 // returns the CPU each thread then ran on (-1 where pinning failed).
 std::vector<int64_t> bind_threads(const std::vector<int64_t>& cpus);

@@ -186,19 +186,13 @@ def quantize_checkpoint(
         if not force:
             raise ConvertError(f"'{out_dir}' exists and is not empty (--force replaces it)")
         shutil.rmtree(out)
-    if not m.amx_available():
-        raise ConvertError(
-            "the prepacked format is laid out for the AMX kernels and this CPU has no AMX "
-            f"(or VLLM_X86_QUANT_KERNEL=torch is set); serve the bf16 model with "
-            f"--quantization {name} instead"
-        )
     layout = qformat.expected_layout(name, group_size)
     kernel = "w8a16" if bits == 8 else m.int4_layout_kernel(layout)
-    if kernel != "vllm":
-        try:
-            m.check_plugin_amx()  # packed for the plugin's kernel
-        except RuntimeError as e:
-            raise ConvertError(str(e)) from None
+    try:
+        # the layout must run here: the converter packs with the kernels' own packers
+        m.check_prepacked_runs(kernel, "the prepacked format is laid out", name)
+    except RuntimeError as e:
+        raise ConvertError(str(e)) from None
 
     t0 = time.monotonic()
     codes = (

@@ -19,9 +19,12 @@ keep 16-bit activations at the same speed from 8 rows up (docs/quantization.md):
   `VLLM_X86_QUANT_KERNEL=vllm`, vLLM CPU's `torch.ops._C.int4_scaled_mm_cpu` (8-bit
   activations).
 
-Without AMX those kernels cannot run: the methods use PyTorch's weight-only kernels
-(`aten._weight_int8pack_mm`, `aten._weight_int4pack_mm_for_cpu`), fast for one request
-and slow for batches, and say so once at WARNING. Layers whose shapes the kernels do
+Without AMX the plugin's kernels run on AVX-512 VNNI (csrc/vnni_gemm.cpp: the same
+packed weights, bit-identical results; vLLM CPU's kernels need AMX, so groups of 32 and
+VLLM_X86_QUANT_KERNEL=vllm get PyTorch's kernels there). With neither, the methods use
+PyTorch's weight-only kernels (`aten._weight_int8pack_mm`,
+`aten._weight_int4pack_mm_for_cpu`), fast for one request and slow for batches, and
+say so once at WARNING. Layers whose shapes the kernels do
 not take stay in bf16, also with a warning. Activations must be bfloat16 (the kernels'
 only activation type).
 """
@@ -51,39 +54,60 @@ def _warn_once(key: str, msg: str, *args) -> None:
         logger.warning(msg, *args)
 
 
-def amx_available() -> bool:
-    """AMX kernels are used when the CPU has AMX, unless VLLM_X86_QUANT_KERNEL=torch
-    asks for PyTorch's weight-only kernels (for comparisons)."""
+def quant_isa() -> str | None:
+    """The ISA the plugin's INT8/INT4 kernels run on here: "amx", "avx512_vnni" (the
+    same packed weights and bit-identical results, csrc/vnni_gemm.cpp), or None (no
+    AMX and no AVX-512 VNNI, or VLLM_X86_QUANT_KERNEL=torch asks for PyTorch's
+    weight-only kernels, for comparisons). Read from the CPU's flags, so it answers
+    without the kernels loaded; check_plugin_kernels() then says why they cannot run."""
     from vllm_x86 import envs
+    from vllm_x86.hardware import cpu_info
 
     if envs.get("VLLM_X86_QUANT_KERNEL") == "torch":
-        return False
-    return bool(torch.cpu._is_amx_tile_supported())
+        return None
+    if torch.cpu._is_amx_tile_supported():
+        return "amx"
+    cpu = cpu_info()
+    if all(cpu.has(f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")):
+        return "avx512_vnni"
+    return None
+
+
+def plugin_kernels_available() -> bool:
+    """Whether the plugin's INT8/INT4 kernels (AMX or AVX-512 VNNI) are the ones to use."""
+    return quant_isa() is not None
+
+
+def amx_available() -> bool:
+    """vLLM CPU's own INT8/INT4 kernels (VLLM_X86_QUANT_KERNEL=vllm, INT4 groups of 32)
+    need AMX."""
+    return quant_isa() == "amx"
 
 
 def int8_kernel() -> str:
-    """The INT8 kernel: "w8a16" (the plugin's, default), "vllm" (vLLM CPU's, on
-    request) or "torch" (no AMX, or on request)."""
+    """The INT8 kernel: "w8a16" (the plugin's, default), "vllm" (vLLM CPU's AMX kernel,
+    on request) or "torch" (neither AMX nor AVX-512 VNNI, or on request)."""
     from vllm_x86 import envs
 
-    if not amx_available():
+    if not plugin_kernels_available():
         return "torch"
     if envs.get("VLLM_X86_QUANT_KERNEL") == "vllm":
-        return "vllm"
-    check_plugin_amx()
+        return "vllm" if amx_available() else "torch"
+    check_plugin_kernels()
     return "w8a16"
 
 
 def int4_kernel(group_size: int) -> str:
     """The INT4 kernel for a configured group size: "w4a16" (the plugin's; groups of 64
-    and 128), "vllm" (vLLM CPU's W4A8; groups of 32, or on request) or "torch"."""
+    and 128), "vllm" (vLLM CPU's AMX W4A8; groups of 32, or on request) or "torch"
+    (neither AMX nor AVX-512 VNNI, groups of 32 without AMX, or on request)."""
     from vllm_x86 import envs
 
-    if not amx_available():
+    if not plugin_kernels_available():
         return "torch"
     if envs.get("VLLM_X86_QUANT_KERNEL") == "vllm" or group_size < 64:
-        return "vllm"
-    check_plugin_amx()
+        return "vllm" if amx_available() else "torch"
+    check_plugin_kernels()
     return "w4a16"
 
 
@@ -92,23 +116,52 @@ def int4_layout_kernel(layout: str) -> str:
     return "w4a16" if layout == INT4_LAYOUT else "vllm"
 
 
-def check_plugin_amx() -> None:
-    """Raise with what to do when the plugin's AMX kernel cannot run."""
+def check_prepacked_runs(kernel: str, what: str, name: str) -> None:
+    """Raise with what to do when a prepacked checkpoint's layout (for `kernel`) cannot
+    run on this CPU; `what` says what is packed ("this checkpoint is packed"), `name`
+    is the method."""
+    instead = f"serve the bf16 checkpoint with --quantization {name} instead"
+    if kernel == "vllm":
+        if not amx_available():
+            raise RuntimeError(
+                f"{what} for vLLM's AMX INT4 kernel (groups of 32) and this CPU has "
+                f"no AMX (or VLLM_X86_QUANT_KERNEL=torch is set); {instead}"
+            )
+        return
+    if not plugin_kernels_available():
+        raise RuntimeError(
+            f"{what} for the plugin's INT8/INT4 kernels, which need AMX or AVX-512 "
+            f"VNNI, and this CPU has neither (or VLLM_X86_QUANT_KERNEL=torch is set); {instead}"
+        )
+    check_plugin_kernels()
+
+
+_isa_logged = False
+
+
+def check_plugin_kernels() -> None:
+    """Raise with what to do when the plugin's INT8/INT4 kernels cannot run; log once
+    which ISA they run on."""
+    global _isa_logged
     from vllm_x86.ops import kernels
 
     if not kernels.available():
         raise RuntimeError(
-            "x86_int8 runs the plugin's AMX kernel and the plugin's kernels did not load "
-            f"({kernels.load_error()}); run `make install`, or set "
-            "VLLM_X86_QUANT_KERNEL=vllm for vLLM's own INT8 kernel"
+            "x86_int8/x86_int4 run the plugin's kernels and the plugin's kernels did not "
+            f"load ({kernels.load_error()}); run `make install`, or set "
+            "VLLM_X86_QUANT_KERNEL=torch for PyTorch's weight-only kernels"
         )
     import vllm_x86._C as C
 
-    if not C.amx_available():
+    isa = C.quant_isa()
+    if not isa:
         raise RuntimeError(
-            "the CPU has AMX but Linux refused this process the AMX tile state; set "
-            "VLLM_X86_QUANT_KERNEL=torch"
+            "the plugin's INT8/INT4 kernels cannot run in this process: no AVX-512 VNNI, "
+            "and Linux refused the AMX tile state; set VLLM_X86_QUANT_KERNEL=torch"
         )
+    if not _isa_logged:
+        _isa_logged = True
+        logger.info("vllm-x86: INT8/INT4 GEMMs run the plugin's %s kernels", isa)
 
 
 def _ops():
@@ -201,7 +254,8 @@ def pack_int8(q: torch.Tensor) -> torch.Tensor:
 def _vnni_blocks(q: torch.Tensor) -> torch.Tensor:
     """[N, K] -> [N/16, K/64, 16 quads, 64]: blocks of 16 output x 64 input channels,
     ordered [N/16][K/64], each row [16 channels][4 inputs], the AMX B-tile order of both
-    plugin kernels (csrc/amx_gemm.cpp; ops/reference.py undoes it)."""
+    plugin kernels (csrc/amx_gemm.cpp), which is also one zmm of vpdpbusd operands
+    (csrc/vnni_gemm.cpp); ops/reference.py undoes it."""
     n, k = q.shape
     return (
         q.view(n // 16, 16, k // 64, 16, 4).permute(0, 2, 3, 1, 4).reshape(n // 16, k // 64, 16, 64)
@@ -265,7 +319,7 @@ def int8_shape_problem(n: int, k: int, kernel: str = "w8a16") -> str | None:
         if k % 32 or n % 32:
             return f"vLLM's AMX INT8 kernel needs N and K multiples of 32 (N={n}, K={k})"
     elif k % 64 or n % 16:
-        return f"the AMX INT8 kernel needs N a multiple of 16 and K of 64 (N={n}, K={k})"
+        return f"the plugin's INT8 kernel needs N a multiple of 16 and K of 64 (N={n}, K={k})"
     return None
 
 
@@ -285,7 +339,7 @@ def int4_shape_problem(n: int, k: int, group_size: int, kernel: str = "vllm") ->
         return f"K={k} is not a multiple of 32"
     if kernel == "w4a16":
         if n % 16 or k % 64:
-            return f"the AMX INT4 kernel needs N a multiple of 16 and K of 64 (N={n}, K={k})"
+            return f"the plugin's INT4 kernel needs N a multiple of 16 and K of 64 (N={n}, K={k})"
     elif n % 32 or k % 32:
         return f"vLLM's AMX INT4 kernel needs N and K multiples of 32 (N={n}, K={k})"
     return None
@@ -342,7 +396,7 @@ def bf16_reason(bits: int, n: int, k: int, group_size: int, kernel: str) -> str 
 def lm_head_bf16_reason(n: int, k: int, kernel: str) -> str | None:
     """Why an LM head asked for in INT8 stays in bf16 (lm_head.py), or None."""
     if kernel == "torch":
-        return "INT8 LM head needs the AMX kernels"
+        return "INT8 LM head needs the plugin's INT8 kernel (AMX or AVX-512 VNNI)"
     return int8_shape_problem(n, k, kernel)
 
 
@@ -352,7 +406,7 @@ def lm_head_bf16_reason(n: int, k: int, kernel: str) -> str | None:
 def packed_shapes(
     bits: int, kernel: str, n: int, k: int, group: int | None = None
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype, int]]:
-    """The tensors quantize_pack makes of an [N, K] weight for one of the AMX kernels
+    """The tensors quantize_pack makes of an [N, K] weight for one of the kernels
     a prepacked checkpoint is written for: name -> (shape, dtype, output channels per
     entry of the first dimension)."""
     if bits == 8:
@@ -489,24 +543,18 @@ class _X86QuantLinearMethod:
 
             dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
             return
-        amx = amx_available()
-        if not amx:
+        if self.config.prepacked:
+            check_prepacked_runs(
+                layer.x86_kernel, "this checkpoint is packed", self.config.get_name()
+            )
+            return
+        if not plugin_kernels_available():
             _warn_once(
                 "noamx",
-                "vllm-x86: %s without AMX runs PyTorch's weight-only kernels: "
-                "fast for one request, slow for batches",
+                "vllm-x86: %s without AMX or AVX-512 VNNI runs PyTorch's weight-only "
+                "kernels: fast for one request, slow for batches",
                 self.config.get_name(),
             )
-        if self.config.prepacked:
-            if not amx:
-                raise RuntimeError(
-                    "this checkpoint is packed for the AMX kernels and this CPU has no AMX; "
-                    "serve the bf16 checkpoint with --quantization "
-                    f"{self.config.get_name()} instead"
-                )
-            if layer.x86_kernel in ("w8a16", "w4a16"):
-                check_plugin_amx()  # packed for the plugin's kernel
-            return
         self.quantize_and_pack(layer, layer.weight.data)
 
     def apply(self, layer: Module, x: torch.Tensor, bias: torch.Tensor | None = None):

@@ -284,18 +284,16 @@ class X86QuantMoEMethod(FusedMoEMethodBase):
             )
         layer.x86_moe_key = name
         _LAYERS[name] = layer
-        if self.prepacked and not m.amx_available():
-            raise RuntimeError(
-                "this checkpoint's MoE experts are packed for the AMX kernels and this CPU "
-                "has no AMX (or VLLM_X86_QUANT_KERNEL=torch is set); serve the bf16 "
-                f"checkpoint with --quantization {self.config.get_name()} instead"
+        if self.prepacked:
+            m.check_prepacked_runs(
+                self.kernel, "this checkpoint's MoE experts are packed", self.config.get_name()
             )
-        if self.kernel in ("w8a16", "w4a16"):
-            m.check_plugin_amx()
+        elif self.kernel in ("w8a16", "w4a16"):
+            m.check_plugin_kernels()
         elif self.kernel == "torch":
             m._warn_once(
                 "noamx",
-                "vllm-x86: %s without AMX runs PyTorch's weight-only kernels: "
+                "vllm-x86: %s without AMX or AVX-512 VNNI runs PyTorch's weight-only kernels: "
                 "fast for one request, slow for batches",
                 self.config.get_name(),
             )

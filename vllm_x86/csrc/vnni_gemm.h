@@ -1,0 +1,27 @@
+// AVX-512 VNNI versions of the AMX W8A16/W4A16 GEMMs (vnni_gemm.cpp): same arguments,
+// same packed weights, bit-identical output. Nothing here depends on an ISA.
+#pragma once
+
+#include <cstdint>
+
+namespace vllm_x86 {
+namespace vnni {
+
+// True when the CPU has AVX-512 F/BW/VL/DQ and VNNI.
+bool init();
+
+// As amx::int8_w8a16_gemm (amx_gemm.h): a is amx::split_rows' output (rows 2t: hi,
+// 2t + 1: lo, k bytes each; only the first 2 m rows are read), output channel blocks
+// [nb_begin, nb_end) of 16.
+void int8_w8a16_gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k, const int8_t* w,
+                     const float* wscale, const float* bias, uint16_t* out, int64_t ldo,
+                     int64_t nb_begin, int64_t nb_end);
+
+// As amx::int4_w4a16_gemm; keeps its own per-thread buffer for prefill (m > 2).
+void int4_w4a16_gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k, int64_t group,
+                     const uint8_t* w, const float* wscale, const uint8_t* wzero,
+                     const float* bias, uint16_t* out, int64_t ldo, int64_t nb_begin,
+                     int64_t nb_end);
+
+}  // namespace vnni
+}  // namespace vllm_x86
