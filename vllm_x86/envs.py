@@ -72,9 +72,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "VLLM_X86_QUANT_KERNEL",
         "auto",
-        "x86_int8/x86_int4 kernels where the CPU has AMX: auto (the plugin's "
-        "int8_w8a16_gemm / int4_w4a16_gemm, 16-bit activations; INT4 groups of 32: vLLM "
-        "CPU's kernel), vllm (models quantized while loading run vLLM CPU's AMX kernels, "
+        "x86_int8/x86_int4 kernels where the CPU has AMX or AVX-512 VNNI: auto (the "
+        "plugin's int8_w8a16_gemm / int4_w4a16_gemm, 16-bit activations, AMX or VNNI code; "
+        "INT4 groups of 32: vLLM CPU's kernel with AMX, PyTorch's without), vllm (models quantized while loading run vLLM CPU's AMX kernels, "
         "8-bit activations: less accurate) or torch (PyTorch's weight-only kernels; slow "
         "for batches). For comparisons.",
     ),
