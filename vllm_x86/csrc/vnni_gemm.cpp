@@ -34,7 +34,17 @@ namespace vnni {
 
 namespace {
 
-enum Src { kRaw8, kRaw4, kBytes };  // packed INT8, packed INT4, expanded unsigned bytes
+enum Src { kRaw8, kRaw4, kBytes };
+
+#ifndef VX_PF8
+#define VX_PF8 0
+#endif
+#ifndef VX_PF4
+#define VX_PF4 4
+#endif
+#ifndef VX_HINT
+#define VX_HINT _MM_HINT_T0
+#endif  // packed INT8, packed INT4, expanded unsigned bytes
 
 inline __m512i bcast4(const int8_t* p) {
   int32_t v;
@@ -91,6 +101,12 @@ inline void dot(const uint8_t* const* blk, int64_t stride, int64_t nkb, const in
   const __m512i mask = _mm512_set1_epi8(0x0f);
   for (int64_t kb = 0; kb < nkb; ++kb) {
     const int64_t c0 = koff + kb * 64;
+    constexpr int64_t ahead = S == kRaw8 ? VX_PF8 : S == kRaw4 ? VX_PF4 : 0;
+    if (ahead > 0)
+      for (int j = 0; j < NJ; ++j)
+        for (int l = 0; l < stride; l += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(blk[j] + (kb + ahead) * stride + l),
+                       VX_HINT);
     if (S == kRaw4) {
       for (int v = 0; v < 8; ++v) {
         __m512i x0[T][2], x1[T][2];  // inputs of rows v and v + 8, hi and lo
