@@ -158,6 +158,29 @@ def test_vnni_kernels_equal_the_amx_kernels_bit_for_bit(rows):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
+@needs_quant_kernels
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+@pytest.mark.parametrize("n", [16, 32, 48, 80, 112])
+def test_quantized_kernels_on_ragged_channel_blocks(n, rows):
+    """The kernels take 4 blocks of 16 channels a step and 1 or 2 tokens (VNNI) or 8
+    (AMX): every remainder of channel blocks (1, 2, 3) and of tokens against the
+    float32 reference, INT8 and INT4 with and without zero points, with bias."""
+    from vllm_x86.ops import reference
+
+    m.check_plugin_kernels()
+    k = 256
+    w, x = _data(n, k, rows, seed=n + rows)
+    bias = torch.randn(n)
+    q, scale = m.quantize_int8(w)
+    packed = m.pack_int8_w8a16(q)
+    y = torch.ops.vllm_x86.int8_w8a16_gemm(x, packed, scale, bias)
+    assert _rel(y, reference.int8_w8a16_gemm(x, packed, scale, bias).float()) < 5e-3
+    for group, zp in ((64, True), (128, False)):
+        p4 = m.pack_int4_w4a16(*m.quantize_int4(w, group, zp))
+        y = torch.ops.vllm_x86.int4_w4a16_gemm(x, *p4, group, bias)
+        assert _rel(y, reference.int4_w4a16_gemm(x, *p4, group, bias).float()) < 5e-3
+
+
 def test_quant_isa_choice_is_explained():
     """The plugin's INT8/INT4 kernels say which ISA runs them, and refuse one the CPU
     lacks with a sentence."""
