@@ -208,15 +208,6 @@ inline void dot_nj(int nj, const uint8_t* const* blk, int64_t stride, int64_t nk
   }
 }
 
-template <int S>
-inline void dot_any(int nj, int nt, const uint8_t* const* blk, int64_t stride, int64_t nkb,
-                    const int8_t* const* hi, int64_t koff, __m512i* out, int64_t k) {
-  if (nt == 1)
-    for (int j = 0; j < nj; ++j) dot_one<S>(blk[j], stride, nkb, hi[0], koff, out + 2 * j, k);
-  else
-    dot_nj<S, 2>(nj, blk, stride, nkb, hi, koff, out, k);
-}
-
 template <bool kInt4>
 void gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k, int64_t group,
           const void* w, const float* wscale, const uint8_t* wzero, const float* bias,
@@ -258,33 +249,47 @@ void gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k, int64_t gr
       const int nt = static_cast<int>(m - t0 < 2 ? m - t0 : 2);
       const int8_t* hi[2] = {a + 2 * t0 * k, a + 2 * (t0 + nt - 1) * k};
       std::memset(facc, 0, sizeof facc);
-      for (int64_t g = 0; g < g_n; ++g) {
-        const uint8_t* blk[4];
-        for (int j = 0; j < nj; ++j) blk[j] = blk0[j] + g * kb_per_g * stride;
-        if (expand)
-          dot_any<kBytes>(nj, nt, blk, stride, kb_per_g, hi, g * group, acc, k);
-        else
-          dot_any<kInt4 ? kRaw4 : kRaw8>(nj, nt, blk, stride, kb_per_g, hi, g * group, acc, k);
-        // take the unsigned offset back out, then this group's sums times its scales
-        for (int t = 0; t < nt; ++t) {
-          const int32_t* st = sums + ((t0 + t) * g_n + g) * 2;
-          for (int j = 0; j < nj; ++j) {
-            __m512i h = acc[(t * nj + j) * 2], l = acc[(t * nj + j) * 2 + 1];
-            if (kInt4) {
-              const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                  reinterpret_cast<const __m128i*>(wzero + ((nb0 + j) * g_n + g) * 16)));
-              h = _mm512_sub_epi32(h, _mm512_mullo_epi32(z, _mm512_set1_epi32(st[0])));
-              l = _mm512_sub_epi32(l, _mm512_mullo_epi32(z, _mm512_set1_epi32(st[1])));
-            } else {
-              h = _mm512_sub_epi32(h, _mm512_mullo_epi32(k128, _mm512_set1_epi32(st[0])));
-              l = _mm512_sub_epi32(l, _mm512_mullo_epi32(k128, _mm512_set1_epi32(st[1])));
-            }
-            const float* sp = kInt4 ? wscale + ((nb0 + j) * g_n + g) * 16 : wscale + (nb0 + j) * 16;
-            const __m512 s = _mm512_loadu_ps(sp);
-            __m512 v = _mm512_mul_ps(
-                _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(h), k256), _mm512_cvtepi32_ps(l)), s);
-            _mm512_store_ps(facc[t][j], _mm512_add_ps(_mm512_load_ps(facc[t][j]), v));
+      // take the unsigned offset out of the sums of token t, block j, group g, then add
+      // them times the group's scales
+      auto epilogue = [&](int t, int j, int64_t g, __m512i h, __m512i l) {
+        const int32_t* st = sums + ((t0 + t) * g_n + g) * 2;
+        if (kInt4) {
+          const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128(
+              reinterpret_cast<const __m128i*>(wzero + ((nb0 + j) * g_n + g) * 16)));
+          h = _mm512_sub_epi32(h, _mm512_mullo_epi32(z, _mm512_set1_epi32(st[0])));
+          l = _mm512_sub_epi32(l, _mm512_mullo_epi32(z, _mm512_set1_epi32(st[1])));
+        } else {
+          h = _mm512_sub_epi32(h, _mm512_mullo_epi32(k128, _mm512_set1_epi32(st[0])));
+          l = _mm512_sub_epi32(l, _mm512_mullo_epi32(k128, _mm512_set1_epi32(st[1])));
+        }
+        const float* sp = kInt4 ? wscale + ((nb0 + j) * g_n + g) * 16 : wscale + (nb0 + j) * 16;
+        const __m512 s = _mm512_loadu_ps(sp);
+        __m512 v = _mm512_mul_ps(
+            _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(h), k256), _mm512_cvtepi32_ps(l)), s);
+        _mm512_store_ps(facc[t][j], _mm512_add_ps(_mm512_load_ps(facc[t][j]), v));
+      };
+      if (nt == 1) {
+        // one token: block by block, each block's inputs in memory order
+        for (int j = 0; j < nj; ++j)
+          for (int64_t g = 0; g < g_n; ++g) {
+            const uint8_t* blk = blk0[j] + g * kb_per_g * stride;
+            if (expand)
+              dot_one<kBytes>(blk, stride, kb_per_g, hi[0], g * group, acc, k);
+            else
+              dot_one<kInt4 ? kRaw4 : kRaw8>(blk, stride, kb_per_g, hi[0], g * group, acc, k);
+            epilogue(0, j, g, acc[0], acc[1]);
           }
+      } else {
+        for (int64_t g = 0; g < g_n; ++g) {
+          const uint8_t* blk[4];
+          for (int j = 0; j < nj; ++j) blk[j] = blk0[j] + g * kb_per_g * stride;
+          if (expand)
+            dot_nj<kBytes, 2>(nj, blk, stride, kb_per_g, hi, g * group, acc, k);
+          else
+            dot_nj<kInt4 ? kRaw4 : kRaw8, 2>(nj, blk, stride, kb_per_g, hi, g * group, acc, k);
+          for (int t = 0; t < nt; ++t)
+            for (int j = 0; j < nj; ++j)
+              epilogue(t, j, g, acc[(t * nj + j) * 2], acc[(t * nj + j) * 2 + 1]);
         }
       }
       for (int t = 0; t < nt; ++t) {
