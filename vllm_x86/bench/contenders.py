@@ -106,6 +106,23 @@ CONTENDERS: dict[str, Contender] = {
             args=("--quantization", "x86_int4"),
         ),
         Contender(
+            "plugin-int8-wo",
+            "plugin-server",
+            "vllm-x86 quantizing to INT8 while it loads, run by PyTorch's weight-only kernels "
+            "(`--quantization x86_int8`, VLLM_X86_QUANT_KERNEL=torch): what a CPU without "
+            "the plugin's INT8/INT4 kernels gets",
+            {"VLLM_X86_QUANT_KERNEL": "torch"},
+            args=("--quantization", "x86_int8"),
+        ),
+        Contender(
+            "plugin-int4-wo",
+            "plugin-server",
+            "vllm-x86 quantizing to INT4 (group 128) while it loads, run by PyTorch's "
+            "weight-only kernels (`--quantization x86_int4`, VLLM_X86_QUANT_KERNEL=torch)",
+            {"VLLM_X86_QUANT_KERNEL": "torch"},
+            args=("--quantization", "x86_int4"),
+        ),
+        Contender(
             "plugin-int8-head",
             "plugin-server",
             "vllm-x86 quantizing to INT8 while it loads, the LM head too "
