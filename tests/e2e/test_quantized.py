@@ -17,11 +17,13 @@ import pytest
 import torch
 
 from tests.conftest import HELPERS, PYTHON, clean_env
+from vllm_x86.quant.methods import quant_isa
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        not torch.cpu._is_amx_tile_supported(), reason="the CPU has no AMX (x86_int8/int4 kernels)"
+        quant_isa() is None,
+        reason="the CPU has neither AMX nor AVX-512 VNNI (the x86_int8/int4 kernels)",
     ),
 ]
 
