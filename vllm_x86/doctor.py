@@ -162,10 +162,25 @@ def collect() -> dict:
             "node0_reported_total_gib": round(mem.node_total / GiB, 2) if mem.node_total else None,
             "cgroup_limit_gib": round(mem.cgroup_limit / GiB, 2) if mem.cgroup_limit else None,
         },
-        "plugin_choices": {"threads": threads, "kv_cache": kv},
+        "plugin_choices": {"threads": threads, "kv_cache": kv, "quant_gemm": _quant_gemm()},
         "kernels": _kernels(OVERRIDES),
         "settings": {s.name: envs.get(s.name) for s in envs.SETTINGS},
     }
+
+
+def _quant_gemm() -> dict:
+    """Which kernels run x86_int8/x86_int4 GEMMs here (quant/methods.py decides)."""
+    from vllm_x86.quant import methods
+
+    isa = methods.quant_isa()
+    if isa:
+        return {"isa": isa, "kernels": f"the plugin's ({isa})"}
+    why = (
+        "VLLM_X86_QUANT_KERNEL=torch"
+        if envs.get("VLLM_X86_QUANT_KERNEL") == "torch"
+        else "no AMX and no AVX-512 VNNI"
+    )
+    return {"isa": None, "kernels": f"PyTorch's weight-only ({why}; slow for batches)"}
 
 
 def render(r: dict) -> str:
@@ -208,6 +223,7 @@ def render(r: dict) -> str:
         f"  compute threads : CPUs {ch['threads']['cpus']}, reserved "
         f"{ch['threads']['reserved']} ({ch['threads']['source']})",
         f"  KV cache        : {ch['kv_cache']['gib']} GiB ({ch['kv_cache']['source']})",
+        f"  INT8/INT4 GEMMs : {ch['quant_gemm']['kernels']}",
         "",
         "Kernels (vllm_x86/ops/registry.py)",
         f"  library      : {r['kernels']['library']}; ISA in use: {r['kernels']['isa']} "

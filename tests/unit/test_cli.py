@@ -30,6 +30,17 @@ def test_doctor_prints_isa_flags_and_choices():
     assert ("AMX-BF16 yes" in p.stdout) == (" amx_bf16" in flags)
     for section in ("compute threads", "KV cache", "selected by vLLM : yes", "vllm ", "torch "):
         assert section in p.stdout
+    # the INT8/INT4 GEMMs: the plugin's on AMX or AVX-512 VNNI, else PyTorch's
+    vnni = " avx512_vnni" in flags and " avx512bw" in flags
+    want = (
+        "the plugin's (amx)"
+        if " amx_int8" in flags
+        else ("the plugin's (avx512_vnni)" if vnni else "PyTorch's weight-only (no AMX")
+    )
+    assert f"INT8/INT4 GEMMs : {want}" in p.stdout, p.stdout
+    p = cli("doctor", "--json", VLLM_X86_QUANT_KERNEL="torch")
+    got = json.loads(p.stdout)["plugin_choices"]["quant_gemm"]
+    assert got["isa"] is None and "VLLM_X86_QUANT_KERNEL=torch" in got["kernels"]
 
 
 def test_doctor_json_and_disable():
