@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import HELPERS, PYTHON, clean_env
+from tests.conftest import PYTHON, clean_env
 
 pytestmark = pytest.mark.slow
 
@@ -53,29 +53,52 @@ def tiny_qwen3(default_model, tmp_path_factory):
     return out
 
 
-def run(model_dir, dtype, eager=True, custom_ops=None):
-    ids = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359]]
-    cmd = [
-        PYTHON,
-        str(HELPERS / "run_llm.py"),
-        "--model",
-        str(model_dir),
-        "--dtype",
-        dtype,
-        "--prompt-ids",
-        json.dumps(ids),
-        "--max-tokens",
-        str(NEW_TOKENS),
-    ]
-    if eager:
-        cmd.append("--eager")
-    if custom_ops:
-        cmd += ["--custom-ops", custom_ops]
-    p = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=900)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:]) | {"log": p.stdout + p.stderr}, ids
-    raise AssertionError(f"vLLM run failed ({p.returncode}):\n{p.stderr[-4000:]}")
+IDS = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359]]
+UNFUSED = "all,-rotary_embedding"  # vLLM's rotary CustomOp off: vLLM's own sequence
+MARK = "=== engine "
+
+# The four engines (bf16 and fp32, fused and vLLM's sequence) one after another in one
+# fresh process: one Python + vLLM import instead of four. Each engine still builds its
+# model in its own engine-core process; a marker line says whose log follows.
+_RUN = """
+import gc, json, sys
+from vllm import LLM, SamplingParams
+model, ids, new, unfused, mark = sys.argv[1:]
+ids = json.loads(ids)
+out = {}
+for dtype in ("bfloat16", "float32"):
+    for name, ops in (("fused", None), ("unfused", unfused)):
+        key = dtype + "-" + name
+        print(mark + key, flush=True)
+        kw = {"compilation_config": {"custom_ops": ops.split(",")}} if ops else {}
+        llm = LLM(model, dtype=dtype, enforce_eager=True, max_model_len=1024, seed=0, **kw)
+        sp = SamplingParams(temperature=0, max_tokens=int(new), ignore_eos=True)
+        # one request at a time, as the transformers reference runs them
+        outs = [llm.generate([{"prompt_token_ids": x}], sp, use_tqdm=False)[0] for x in ids]
+        out[key] = [list(o.outputs[0].token_ids) for o in outs]
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_qwen3):
+    """{"bfloat16-fused": {"token_ids", "log"}, "bfloat16-unfused": ..., "float32-...": ...}"""
+    p = subprocess.run(
+        [PYTHON, "-c", _RUN, str(tiny_qwen3), json.dumps(IDS), str(NEW_TOKENS), UNFUSED, MARK],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=1200,
+    )
+    line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, f"vLLM run failed ({p.returncode}):\n{p.stdout[-6000:]}"
+    tokens = json.loads(line[len("RESULT ") :])
+    logs = dict(part.split("\n", 1) for part in p.stdout.split(MARK)[1:])
+    return {k: {"token_ids": v, "log": logs[k]} for k, v in tokens.items()}
 
 
 def transformers_greedy(model_dir, ids):
@@ -95,11 +118,11 @@ def transformers_greedy(model_dir, ids):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_fused_attention_equals_vllm_sequence(tiny_qwen3, dtype):
-    fused, ids = run(tiny_qwen3, dtype)
+def test_fused_attention_equals_vllm_sequence(tiny_qwen3, runs, dtype):
+    fused, unfused = runs[f"{dtype}-fused"], runs[f"{dtype}-unfused"]
     assert "2 Qwen3Attention modules use the fused kernel" in fused["log"]
-    unfused, _ = run(tiny_qwen3, dtype, custom_ops="all,-rotary_embedding")
     assert "Qwen3Attention keeps vLLM's code" in unfused["log"]
+    assert "use the fused kernel" not in unfused["log"]
     assert fused["token_ids"] == unfused["token_ids"]
     if dtype == "float32":
-        assert fused["token_ids"] == transformers_greedy(tiny_qwen3, ids)
+        assert fused["token_ids"] == transformers_greedy(tiny_qwen3, IDS)

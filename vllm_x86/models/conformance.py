@@ -235,14 +235,19 @@ def _run_one(job: dict) -> dict:
             "seconds": round(time.monotonic() - t0, 2),
         }
     finally:
+        # Each full garbage collection scans the whole heap of torch, vLLM and
+        # transformers (about 0.5 s here), and vLLM runs several per engine start and
+        # stop. vLLM's cleanup unfreezes and collects; freezing what survives it leaves
+        # the next job's collections only that job's objects to scan.
         del llm
-        gc.collect()
         try:
             from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-            cleanup_dist_env_and_memory()
+            cleanup_dist_env_and_memory()  # gc.unfreeze(), then gc.collect()
         except Exception:
-            pass
+            gc.unfreeze()
+            gc.collect()
+        gc.freeze()
 
 
 def _speed(llm, prompt: list[int], n: int) -> dict:
@@ -319,8 +324,21 @@ def op_inventory(model) -> list[dict]:
     return list(rows.values())
 
 
+def _inspect_models_in_process() -> None:
+    """vLLM inspects a model class in a fresh subprocess (a Python + vLLM import, ~10 s
+    on 2 cores) the first time it meets it, to keep CUDA uninitialised in the caller,
+    and caches the answer under VLLM_CACHE_ROOT/modelinfos. With a cold cache that is
+    one such import per architecture of the suite. This worker runs on the CPU and
+    imports the model class anyway: it asks the same question in-process (same
+    function, same answer, still written to the cache)."""
+    from vllm.model_executor.models import registry
+
+    registry._run_in_subprocess = lambda fn: fn()
+
+
 def worker_main() -> None:
     """Read jobs (one JSON per line) on stdin; print ``RESULT {json}`` per job."""
+    _inspect_models_in_process()
     for line in sys.stdin:
         line = line.strip()
         if not line:
