@@ -1,12 +1,16 @@
 """The plugin's greedy output for the default model equals transformers' greedy
 output, token for token, in eager and compiled mode, bf16 and fp32.
 
-France question: all 32 new tokens equal, in every mode and dtype. Stock vLLM CPU in
-eager bf16 does not manage even the first one (it answers "L'Étoile, ..."): the last
-test pins that, so this file can tell the two apart. Root cause and fix:
-docs/correctness.md and vllm_x86/ops/rotary_embedding.py.
+France question: its first answer token is itself a near tie in float32 ("The" 25.33
+against "L" 25.24, closer than bf16's 0.125 there). On the Xeon (AMX) development
+machine the plugin gives transformers' 32 tokens in every mode and dtype, while stock
+vLLM CPU in eager bf16 answers "L'Étoile, ..." (the last test pins that where it
+happens; root cause and fix: docs/correctness.md and vllm_x86/ops/rotary_embedding.py).
+On an AMD EPYC (AVX-512 BF16, no AMX) stock's eager bf16 answers as transformers and
+the plugin's compiled bf16 takes the other tied token; so bf16 runs of this question are
+held to the near-tie rule below like the others, and fp32 runs to every token.
 
-Other prompts, bf16: equal up to the first near tie. Where the float32 reference's two
+Every prompt, bf16: equal up to the first near tie. Where the float32 reference's two
 best tokens are closer than bf16 can resolve, bf16 implementations legitimately part
 (transformers bf16 and transformers fp32 part there too); the test then requires the
 plugin's token to be one of the two tied ones, and compares no further. In fp32 every
@@ -174,10 +178,9 @@ def test_plugin_greedy_equals_transformers(plugin_runs, reference, dtype, eager)
     prompts, ref, margins = reference
     res = plugin_runs[dtype + ("-eager" if eager else "-compiled")]
     assert res["platform"] == "X86Platform"
-    assert res["texts"][0].startswith("The capital of France is Paris.")
-    # the France question: every token, every mode
-    assert res["token_ids"][0] == ref[dtype][0]
-    for i, question in enumerate(QUESTIONS[1:], start=1):
+    if dtype == "float32":
+        assert res["texts"][0].startswith("The capital of France is Paris.")
+    for i, question in enumerate(QUESTIONS):
         got, want = res["token_ids"][i], ref[dtype][i]
         if got == want:
             continue
@@ -200,5 +203,9 @@ def test_stock_vllm_eager_bf16_diverges(default_model, reference):
         default_model, "bfloat16", True, prompts, VLLM_X86_DISABLE="1", VLLM_CPU_KVCACHE_SPACE="1"
     )
     assert res["platform"] == "CpuPlatform"
+    if res["token_ids"][0] == ref["bfloat16"][0]:
+        pytest.skip(
+            "stock vLLM CPU's eager bf16 answers the France question as transformers on "
+            f"this CPU ({res['texts'][0][:40]!r}): the divergence is the Xeon's (AMX)"
+        )
     assert res["texts"][0].startswith("L'")
-    assert res["token_ids"][0] != ref["bfloat16"][0]
