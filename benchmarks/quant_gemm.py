@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                     **(
                         {"i8v": m.pack_int8(q8), "i4v": m.pack_int4(*q4)}
                         if amx
-                        else {"i8t": q8, "i4t": m.quantize_pack(4, "torch", w, 128, True)}
+                        else {"i8t": q8.clone(), "i4t": m.quantize_pack(4, "torch", w, 128, True)}
                     ),
                 }
             )
