@@ -203,9 +203,10 @@ def test_stock_vllm_eager_bf16_diverges(default_model, reference):
         default_model, "bfloat16", True, prompts, VLLM_X86_DISABLE="1", VLLM_CPU_KVCACHE_SPACE="1"
     )
     assert res["platform"] == "CpuPlatform"
-    if res["token_ids"][0] == ref["bfloat16"][0]:
+    if res["token_ids"][0][:1] == ref["bfloat16"][0][:1]:  # the tied answer token
         pytest.skip(
             "stock vLLM CPU's eager bf16 answers the France question as transformers on "
             f"this CPU ({res['texts'][0][:40]!r}): the divergence is the Xeon's (AMX)"
         )
     assert res["texts"][0].startswith("L'")
+    assert res["token_ids"][0] != ref["bfloat16"][0]
