@@ -9,6 +9,9 @@ when X86Platform is vLLM's platform.
 
 Patches
 -------
+(``inspect_models_in_process`` is not one of ``apply_all``'s: the conformance worker,
+a development tool, applies it to itself; see its docstring.)
+
 ``qwen2_vl_image_processing_without_torchvision``
     vLLM's ``model_executor/models/qwen3_vl.py`` (line 38) does
     ``from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize``.
@@ -136,6 +139,26 @@ class Qwen2VLImageProcessingFinder(importlib.abc.MetaPathFinder, importlib.abc.L
 
 def _finder_installed() -> bool:
     return any(isinstance(f, Qwen2VLImageProcessingFinder) for f in sys.meta_path)
+
+
+def inspect_models_in_process() -> None:
+    """Not applied by ``apply_all``: only the conformance suite's worker process
+    (models/conformance.py) calls it.
+
+    vLLM inspects a model class in a fresh subprocess (``registry._run_in_subprocess``
+    in vllm/model_executor/models/registry.py: a Python + vLLM import, ~10 s on 2 cores)
+    the first time it meets the class, to keep CUDA uninitialised in the caller, and
+    caches the answer under VLLM_CACHE_ROOT/modelinfos. With a cold cache that is one
+    such import per architecture of the suite (74 of them). The worker runs on the CPU
+    and imports each model class anyway, so it asks the same question in-process: same
+    function, same answer, still written to the cache.
+
+    Upstream change that removes it: an option of vLLM's to inspect in-process on
+    platforms without CUDA. It can go when vLLM has one, or if the suite's cache of
+    model infos is kept warm in CI."""
+    from vllm.model_executor.models import registry
+
+    registry._run_in_subprocess = lambda fn: fn()
 
 
 def apply_all() -> None:

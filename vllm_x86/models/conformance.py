@@ -324,21 +324,11 @@ def op_inventory(model) -> list[dict]:
     return list(rows.values())
 
 
-def _inspect_models_in_process() -> None:
-    """vLLM inspects a model class in a fresh subprocess (a Python + vLLM import, ~10 s
-    on 2 cores) the first time it meets it, to keep CUDA uninitialised in the caller,
-    and caches the answer under VLLM_CACHE_ROOT/modelinfos. With a cold cache that is
-    one such import per architecture of the suite. This worker runs on the CPU and
-    imports the model class anyway: it asks the same question in-process (same
-    function, same answer, still written to the cache)."""
-    from vllm.model_executor.models import registry
-
-    registry._run_in_subprocess = lambda fn: fn()
-
-
 def worker_main() -> None:
     """Read jobs (one JSON per line) on stdin; print ``RESULT {json}`` per job."""
-    _inspect_models_in_process()
+    from vllm_x86.patches import inspect_models_in_process
+
+    inspect_models_in_process()
     for line in sys.stdin:
         line = line.strip()
         if not line:
