@@ -39,6 +39,8 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
 
+#include "bf16_store.h"
+
 namespace vllm_x86 {
 namespace amx {
 
@@ -144,17 +146,6 @@ inline void expand_int4_block(const uint8_t* src, __m512i zeros, int8_t* dst) {
 inline __m512i lane_zeros(const uint8_t* z) {
   __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(z)));
   return _mm512_mullo_epi32(d, _mm512_set1_epi32(0x01010101));
-}
-
-// float32 -> bf16, round to nearest even (NaN kept quiet), 16 values
-inline void store_bf16_row(uint16_t* dst, __m512 v) {
-  __m512i u = _mm512_castps_si512(v);
-  __m512i rnd = _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
-  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  __m512i r16 = _mm512_srli_epi32(_mm512_add_epi32(u, rnd), 16);
-  r16 = _mm512_mask_or_epi32(r16, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(r16));
 }
 
 // The shared loop. A step covers up to 4 output tiles: 1 A tile x 4 weight blocks when

@@ -31,6 +31,8 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 
+#include "bf16_store.h"
+
 namespace vllm_x86 {
 namespace vnni {
 
@@ -55,17 +57,6 @@ inline __m512i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
-}
-
-// float32 -> bf16, round to nearest even (NaN kept quiet), 16 values (as amx_gemm.cpp)
-inline void store_bf16_row(uint16_t* dst, __m512 v) {
-  __m512i u = _mm512_castps_si512(v);
-  __m512i rnd = _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
-  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  __m512i r16 = _mm512_srli_epi32(_mm512_add_epi32(u, rnd), 16);
-  r16 = _mm512_mask_or_epi32(r16, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(r16));
 }
 
 // Sums of tokens' hi and lo bytes over each group: sums[(t * g_n + g) * 2 + {0: hi, 1: lo}]
