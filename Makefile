@@ -37,11 +37,16 @@ $(KERNELS): $(DEPS) setup.py $(CSRC)
 demo: install
 	$(PY) -m vllm_x86.cli demo
 
+# pytest-xdist workers: one per core, at most 4 (each worker's engines get their share
+# of the cores; see tests/conftest.py). TEST_WORKERS=1 runs the suite in one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope)
+
 test: install
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q --durations=15 $(XDIST)
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" $(XDIST)
 
 # The catalog's real models (SmolLM2, Qwen2.5-Coder-0.5B, Gemma-3-270M) against
 # transformers: downloads ~810 MB once and converts it (minutes), so not in `make test`.

@@ -1,5 +1,13 @@
 """Shared fixtures. Tests that start an engine, a server or a model are marked slow;
-`make test-fast` runs the rest in about a minute."""
+`make test-fast` runs the rest in about a minute.
+
+`make test` runs the suite on several pytest-xdist workers (`-n`, one module per
+worker at a time: `--dist loadscope`). Each worker gets its own share of the CPUs
+(_pin_this_worker below), so the engines two workers start side by side do not fight
+over the same cores: on a 2-core machine each worker's engines run one thread on a
+core of their own. Most of the suite's time is single-threaded (imports, engine start,
+Python), which is what the workers overlap.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +21,61 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = Path(__file__).resolve().parent / "helpers"
 PYTHON = sys.executable
+# Every CPU this run may use, before _pin_this_worker gives a worker its share (a test
+# that needs several CPUs hands them to its child process: tests/unit/test_forked_threads.py).
+ALL_CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+
+
+def _worker_cpus(worker: str, count: int, cpus: list[int]) -> list[int]:
+    """Worker `gwI`'s contiguous share of `cpus` (the first workers get one more when the
+    CPUs do not divide evenly; a worker beyond the CPU count shares one)."""
+    i = int(worker.removeprefix("gw"))
+    if count >= len(cpus):
+        return [cpus[i % len(cpus)]]
+    base, extra = divmod(len(cpus), count)
+    start = i * base + min(i, extra)
+    return cpus[start : start + base + (1 if i < extra else 0)]
+
+
+def _pin_this_worker() -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker and count > 1 and hasattr(os, "sched_setaffinity"):
+        # Inherited by every engine, server and daemon this worker starts; the plugin's
+        # thread layout (hardware.cpu_info, cached on first use) follows the affinity
+        # mask, hence at import, before any test module asks for it.
+        os.sched_setaffinity(0, _worker_cpus(worker, count, ALL_CPUS))
+
+
+_pin_this_worker()
+
+
+# Modules that take minutes go first, so that under xdist's loadscope they start at once
+# on their own worker instead of ending the run alone.
+FIRST = ("tests/models/test_conformance.py", "tests/models/test_default_model_parity.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        try:
+            path = Path(str(item.fspath)).relative_to(ROOT).as_posix()
+        except ValueError:
+            return len(FIRST)
+        return FIRST.index(path) if path in FIRST else len(FIRST)
+
+    items.sort(key=rank)  # stable: the order within a module stays
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ():
+    """Each test gets the process environment the previous one started with: in-process
+    engines and platform code set variables (the plugin's VLLM_CACHE_ROOT, for one) that
+    would otherwise reach the servers later tests start from the same worker."""
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")

