@@ -23,8 +23,9 @@ def test_table_names_are_unique_and_known_to_vllm_and_transformers():
         assert a.name in _TEXT_GENERATION_MODELS, a.name
         assert hasattr(transformers, a.name), a.name
         assert a.examples, a.name
-        for mode in a.known:
-            assert mode in (*MODES, "*"), (a.name, mode)
+        for key in a.known:
+            mode, _, cpu = key.partition("@")
+            assert mode in (*MODES, "*") and cpu in ("", "amx", "no-amx"), (a.name, key)
 
 
 def test_table_covers_every_shared_architecture():
@@ -75,7 +76,7 @@ def _prep(tokens32, gaps, tokens16=None, lp=-1.0, lp16=-1.0):
             "prompt_logprobs": [v] * 5,
             "logprobs": [v] * n,
             "gaps": gaps,
-            "top_ids": [[t, 99] for t in tokens32],
+            "top_ids": [[t, 99] for t in tokens],
             "top_vals": [[5.0, 5.0 - g] for g in gaps],
         }
 
@@ -117,6 +118,21 @@ def test_bf16_verdict_allows_parting_only_at_a_near_tie():
     # equal to transformers' own bf16 answer: fine even where fp32 is decisive
     prep = _prep([1, 2, 3, 4], [1.0] * 4, tokens16=[1, 5, 5, 5])
     assert conf.judge(prep, "bf16-compiled", _res([1, 5, 5, 5])).ok
+
+
+def test_bf16_verdict_allows_leaving_transformers_bf16_at_its_near_tie():
+    """bf16 rounding moved transformers' bf16 and vLLM alike away from fp32's token 1;
+    vLLM then leaves the bf16 tokens at step 3: a pass only where that is a near tie of
+    the bf16 reference (99 is its runner-up there)."""
+    tie = conf.BF16_LOGPROB_FLOOR / 2
+    prep = _prep([1, 2, 3, 4], [1.0, 1.0, 1.0, tie], tokens16=[1, 5, 6, 7])
+    v = conf.judge(prep, "bf16-compiled", _res([1, 5, 6, 99]))
+    assert v.ok and v.metrics["bf16_parted_at"] == 3, v.reason
+    prep = _prep([1, 2, 3, 4], [1.0] * 4, tokens16=[1, 5, 6, 7])  # decisive in bf16 too
+    v = conf.judge(prep, "bf16-compiled", _res([1, 5, 6, 99]))
+    assert not v.ok and "bf16 transformers parts at 3, where vLLM's token is 1 below" in v.reason
+    v = conf.judge(prep, "bf16-compiled", _res([1, 5, 6, 8]))  # not among bf16's best
+    assert not v.ok and "not among bf16's 8 best" in v.reason
 
 
 def test_bf16_logprob_tolerance_scales_with_transformers_bf16_error():
@@ -235,6 +251,18 @@ def test_quantize_plan_counts_what_the_reference_quantizes(tmp_path):
     per_layer = 128 * 128 + 2 * 64 * 128 + 128 * 128 + 3 * 256 * 128  # q k v o, MLP
     for quant in ("x86_int8", "x86_int4"):
         assert conf.quantize_plan(tmp_path, quant) == {"weights": 2 * per_layer, "tensors": 14}
+
+
+def test_cpu_specific_known_failure_applies_on_its_cpus_only(monkeypatch):
+    from vllm_x86.models import archs
+
+    a = archs.Arch("X", ("x/x",), known={"int4-eager@no-amx": "tie here", "fp32-eager": "all"})
+    monkeypatch.setattr(archs, "cpu_tag", lambda: "no-amx")
+    assert archs.known_failure(a, "int4-eager") == "tie here"
+    assert archs.known_failure(a, "fp32-eager") == "all"
+    monkeypatch.setattr(archs, "cpu_tag", lambda: "amx")
+    assert archs.known_failure(a, "int4-eager") is None
+    assert archs.known_failure(a, "fp32-eager") == "all"
 
 
 def test_quant_modes_of_an_architecture_failing_bf16_are_not_run():

@@ -22,7 +22,9 @@ bf16
     the float32 ones only where vLLM's token is a near tie in the float32 reference:
     its float32 logit within ``tie_tol`` (the bf16 log-prob tolerance below) of the
     best one (there two correct bf16 implementations legitimately choose differently;
-    nothing after that point is compared). Log-probabilities (against float32) no further off than
+    nothing after that point is compared). Where vLLM follows transformers' bf16 tokens
+    further than the float32 ones, the same near-tie rule applies at the step where it
+    leaves the bf16 ones, on the bf16 reference's logits. Log-probabilities (against float32) no further off than
     ``BF16_ERR_FACTOR`` times transformers' own bf16 error on the same prompt, plus
     ``BF16_LOGPROB_FLOOR``.
 int8, int4
@@ -484,6 +486,12 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def _behind_text(behind: float | None, ref: str) -> str:
+    if behind is None:
+        return f"not among {ref}'s {tiny.TOP_K} best"
+    return f"{behind:.3g} below {ref}'s best logit"
+
+
 def judge(prep: Prepared, mode: str, res: dict) -> Verdict:
     if prep.error:
         return Verdict(False, prep.error, {})
@@ -558,17 +566,29 @@ def judge(prep: Prepared, mode: str, res: dict) -> Verdict:
         ids, vals = f32["top_ids"][d32], f32["top_vals"][d32]
         behind = vals[0] - vals[ids.index(got[d32])] if got[d32] in ids else None
         m["fp32_behind"] = behind
-        if behind is None or behind >= tie_tol:
-            where = (
-                f"{behind:.3g} below fp32's best logit"
-                if behind is not None
-                else f"not among fp32's {len(ids)} best"
-            )
+        tie = behind is not None and behind < tie_tol
+        if not tie and d32 < d16 < min(len(got), len(b16["top_ids"])):
+            # vLLM went on with transformers' own bf16 tokens (bf16 rounding moved both
+            # away from fp32's choice): the same rule on that reference's logits, at the
+            # step where vLLM leaves it
+            ids16, vals16 = b16["top_ids"][d16], b16["top_vals"][d16]
+            behind16 = vals16[0] - vals16[ids16.index(got[d16])] if got[d16] in ids16 else None
+            m["bf16_behind"] = behind16
+            tie = behind16 is not None and behind16 < tie_tol
+            if tie:
+                m["bf16_parted_at"] = d16
+        if not tie:
+            where = _behind_text(behind, "fp32")
             return Verdict(
                 False,
                 f"greedy token {d32} differs from transformers{fq} fp32 ({got[d32]} vs "
                 f"{f32['tokens'][d32]}): vLLM's token is {where} (bf16 tolerance "
-                f"{tie_tol:.3g}); bf16 transformers{fq} parts at {d16}",
+                f"{tie_tol:.3g}); bf16 transformers{fq} parts at {d16}"
+                + (
+                    ""
+                    if "bf16_behind" not in m
+                    else f", where vLLM's token is {_behind_text(m['bf16_behind'], 'bf16')}"
+                ),
                 m,
             )
     if m["prompt_lp_err"] > tol:

