@@ -40,7 +40,7 @@ demo: install
 # pytest-xdist workers: one per core, at most 4 (each worker's engines get their share
 # of the cores; see tests/conftest.py). TEST_WORKERS=1 runs the suite in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
-XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope)
+XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
 test: install
 	$(PY) -m pytest -q --durations=15 $(XDIST)
