@@ -37,8 +37,8 @@ $(KERNELS): $(DEPS) setup.py $(CSRC)
 demo: install
 	$(PY) -m vllm_x86.cli demo
 
-# pytest-xdist workers: one per core, at most 4 (each worker's engines get their share
-# of the cores; see tests/conftest.py). TEST_WORKERS=1 runs the suite in one process.
+# pytest-xdist workers: one per core, at most 4; they overlap the suite's single-threaded
+# work (see tests/conftest.py). TEST_WORKERS=1 runs the suite in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
