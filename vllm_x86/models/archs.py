@@ -806,7 +806,7 @@ def cpu_tag() -> str:
     """ "amx" or "no-amx": which of an Arch's CPU-specific `known` entries apply here."""
     from vllm_x86 import hardware
 
-    return "amx" if "amx_tile" in hardware.cpu_info().flags else "no-amx"
+    return "amx" if hardware.cpu_info().isa_level == "amx" else "no-amx"
 
 
 def known_failure(arch: Arch, mode: str) -> str | None:

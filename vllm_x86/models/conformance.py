@@ -24,9 +24,9 @@ bf16
     best one (there two correct bf16 implementations legitimately choose differently;
     nothing after that point is compared). Where vLLM follows transformers' bf16 tokens
     further than the float32 ones, the same near-tie rule applies at the step where it
-    leaves the bf16 ones, on the bf16 reference's logits. Log-probabilities (against float32) no further off than
-    ``BF16_ERR_FACTOR`` times transformers' own bf16 error on the same prompt, plus
-    ``BF16_LOGPROB_FLOOR``.
+    leaves the bf16 ones, on the bf16 reference's logits. Log-probabilities (against
+    float32) no further off than ``BF16_ERR_FACTOR`` times transformers' own bf16 error
+    on the same prompt, plus ``BF16_LOGPROB_FLOOR``.
 int8, int4
     vLLM in bf16 with ``quantization="x86_int8"`` / ``"x86_int4"`` (default options),
     judged by the bf16 rule against transformers with the same weights quantized and
@@ -486,6 +486,13 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def _behind(ref: dict, step: int, token: int) -> float | None:
+    """How far `token`'s logit is below the reference's best at greedy `step` (None:
+    not among the TOP_K it recorded)."""
+    ids, vals = ref["top_ids"][step], ref["top_vals"][step]
+    return vals[0] - vals[ids.index(token)] if token in ids else None
+
+
 def _behind_text(behind: float | None, ref: str) -> str:
     if behind is None:
         return f"not among {ref}'s {tiny.TOP_K} best"
@@ -563,16 +570,14 @@ def judge(prep: Prepared, mode: str, res: dict) -> Verdict:
     else:
         m["tokens_equal"] = max(d32, d16)
         m["parted_at"] = d32
-        ids, vals = f32["top_ids"][d32], f32["top_vals"][d32]
-        behind = vals[0] - vals[ids.index(got[d32])] if got[d32] in ids else None
+        behind = _behind(f32, d32, got[d32])
         m["fp32_behind"] = behind
         tie = behind is not None and behind < tie_tol
         if not tie and d32 < d16 < min(len(got), len(b16["top_ids"])):
             # vLLM went on with transformers' own bf16 tokens (bf16 rounding moved both
             # away from fp32's choice): the same rule on that reference's logits, at the
             # step where vLLM leaves it
-            ids16, vals16 = b16["top_ids"][d16], b16["top_vals"][d16]
-            behind16 = vals16[0] - vals16[ids16.index(got[d16])] if got[d16] in ids16 else None
+            behind16 = _behind(b16, d16, got[d16])
             m["bf16_behind"] = behind16
             tie = behind16 is not None and behind16 < tie_tol
             if tie:
