@@ -22,10 +22,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = Path(__file__).resolve().parent / "helpers"
 PYTHON = sys.executable
-# Every CPU this run may use (a test that needs several hands them to its child process:
-# tests/unit/test_forked_threads.py).
-ALL_CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
-
 
 # Modules that take minutes go first, so that under xdist's loadscope (in collection
 # order: make test passes --no-loadscope-reorder, else xdist orders modules by their
