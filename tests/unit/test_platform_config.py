@@ -19,6 +19,8 @@ print("CONFIG " + json.dumps({
     "worker_cls": cfg.parallel_config.worker_cls,
     "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
     "reserved": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
+    "method": os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"),
+    "frozen": __import__("gc").get_freeze_count(),
 }))
 """
 
@@ -77,3 +79,12 @@ def test_disabled_plugin_leaves_stock_config(model):
     assert c["worker_cls"] == "vllm.v1.worker.cpu_worker.CPUWorker"
     assert c["kv_bytes"] is None
     assert c["bind"] is None
+
+
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_serve_forks_the_engine_from_a_frozen_heap(model, fork):
+    """In `vllm-x86 serve` with fork, the server freezes its gc heap before the engine
+    processes are forked from it (their collections then skip the imports)."""
+    c = config(model, VLLM_X86_CLI="serve", VLLM_X86_ENGINE_FORK=fork)
+    assert c["method"] == ("fork" if fork == "1" else "spawn")
+    assert (c["frozen"] > 10_000) == (fork == "1"), c["frozen"]
