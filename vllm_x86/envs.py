@@ -95,6 +95,14 @@ SETTINGS: tuple[Setting, ...] = (
         "zeros over all of it at start-up (kv_alloc.py); 0: vLLM's torch.zeros.",
     ),
     Setting(
+        "VLLM_X86_FRONTEND_WARMUP",
+        "1",
+        "In `vllm-x86 serve` (and the daemon's servers) the OpenAI server makes its "
+        "tokenizer copies and looks up the model's processor chat template while the "
+        "engine process loads the model, instead of before starting it "
+        "(patches.py, frontend_warmup_during_engine_start); 0: vLLM's order.",
+    ),
+    Setting(
         "VLLM_X86_ASYNC_SCHEDULING",
         "0",
         "1: keep vLLM's asynchronous scheduling (the engine schedules step N+1 while "

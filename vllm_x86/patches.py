@@ -70,6 +70,72 @@ a development tool, applies it to itself; see its docstring.)
     exists (or torch's class defining it). It can go when the pinned vLLM or torch
     has either.
 
+``frontend_warmup_during_engine_start``
+    vLLM's OpenAI server builds its renderer before it starts the engine process
+    (``AsyncLLM.__init__``, ``v1/engine/async_llm.py``), and ``HfRenderer.__init__``
+    (``renderers/hf.py``) makes ``renderer_num_workers + 1`` deep copies of the
+    tokenizer there for a thread pool (``maybe_make_thread_pool`` in
+    ``tokenizers/hf.py``): about 0.7 s each for Qwen3's 151k-token tokenizer on the
+    development VM (a Python deep copy plus a round trip of the Rust tokenizer
+    through JSON). After the engine is ready, the server's renderer warm-up
+    (``BaseRenderer.warmup``) resolves the chat template, which first asks
+    ``AutoProcessor`` for one: for a text-only model that loads the whole tokenizer
+    again (about 1.2 s) to learn there is none. Both sit on the start's critical path
+    while the CPU waits for the engine, or the engine waits for them. vLLM already has
+    the hook to overlap frontend work with the engine start: right after it has forked
+    the engine-core process, the client calls the renderer's
+    ``start_mm_warmup_in_background``, which submits the multimodal warm-up to the
+    renderer's single-thread ``_mm_executor`` ("must not run while fork() is in
+    flight", vLLM's comment in ``core_client.py``).
+
+    The patch, only in processes of ``vllm-x86 serve`` and the daemon's servers
+    (``VLLM_X86_CLI=serve``; the OpenAI server always runs the renderer warm-up
+    before it serves) and unless ``VLLM_X86_FRONTEND_WARMUP=0``: (1) the renderer
+    module's ``maybe_make_thread_pool`` builds vLLM's ``TokenizerPool`` with no copies
+    yet and remembers how many it owes; (2) ``start_mm_warmup_in_background`` runs
+    vLLM's method and then submits, to the same executor, a task that puts those
+    copies into vLLM's pool (``copy.deepcopy`` of vLLM's own ``og_tokenizer``, as its
+    loop would) and calls vLLM's ``_try_get_processor_chat_template`` with the
+    arguments ``resolve_chat_template`` passes, which fills vLLM's own
+    ``_PROCESSOR_CHAT_TEMPLATES`` cache; where the model's files rule a processor out
+    (``no_processor_possible``: a local directory without any of the files or entries
+    that make ``AutoProcessor`` return a processor, following its code), the task
+    writes vLLM's answer for that case, None, into the cache instead of loading the
+    tokenizer a third time; (3) ``BaseRenderer.warmup`` waits for that
+    task before it runs vLLM's warm-up, so the server never serves a request before
+    the copies exist, and the chat template is resolved exactly as before (from the
+    filled cache). Nothing vLLM computes changes, only when: the same copies of the
+    same tokenizer, the same template. The pool and its ``og_tokenizer`` are found
+    through the closure of vLLM's ``TokenizerPool`` methods; where a vLLM version
+    builds its pool otherwise, the patch is not installed for the pool (a warning
+    says so) and vLLM makes its copies up front as before. If the task fails, its
+    error is logged and the server goes on: vLLM's pool makes a copy on demand when
+    it has none, and the warm-up looks the template up again.
+
+    Upstream change that removes it: vLLM starting the engine before it builds the
+    renderer, or making the pool's copies in its background warm-up. It can go when
+    the pinned vLLM does either.
+
+``tied_embedding_gemm_once``
+    On CPU, vLLM prepares a GEMM for every embedding and LM head after loading
+    (``UnquantizedEmbeddingMethod.process_weights_after_loading`` in
+    ``vocab_parallel_embedding.py`` calls ``dispatch_cpu_unquantized_gemm(layer,
+    remove_weight=False)`` in ``layers/utils.py``), which for bf16 builds a oneDNN
+    handle holding its own reordered copy of the weight. A model with tied word
+    embeddings (Qwen3-0.6B, SmolLM2, Llama 3.2 1B, ...) has two such layers, the input
+    embedding and the LM head, sharing one weight Parameter (``tie_weights``), so vLLM
+    reorders the same matrix twice and keeps two copies: for Qwen3-0.6B's
+    151936 x 1024 bf16 table, 297 MiB of memory more and about 0.1-0.4 s more at
+    every start on the development VM. The patch wraps that function (vLLM imports it
+    by module attribute at the call): for a layer whose weight is a Parameter an
+    earlier call already prepared, with ``remove_weight=False`` on both (the weight
+    stays as it is) and no bias on either, the layer gets the earlier layer's ``cpu_linear``, the same
+    GEMM of the same tensor; every other call goes to vLLM's function unchanged. The
+    Parameters are held weakly, so a later model (the daemon serves many) never meets
+    an old one's GEMM. Upstream fix that removes it: vLLM preparing one GEMM per
+    weight (or none for an input embedding that no LM head shares). It can go when
+    the pinned vLLM does.
+
 ``no_triton_allocator`` (a context manager, not installed by ``apply_all``)
     vLLM's ``OlmoHybridGatedDeltaNetAttention.__init__``
     (``model_executor/layers/mamba/gdn/olmo_gdn_linear_attn.py`` line 169) calls
@@ -89,10 +155,14 @@ a development tool, applies it to itself; see its docstring.)
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import importlib.abc
 import importlib.util
+import os
 import sys
+import time
+import weakref
 from collections.abc import Iterator
 
 from vllm_x86.log import get_logger
@@ -167,6 +237,8 @@ def apply_all() -> None:
         # first, so it is asked before the path finder that would load the real file
         sys.meta_path.insert(0, Qwen2VLImageProcessingFinder())
     _aot_artifact_finalize_loading()
+    _frontend_warmup_during_engine_start()
+    _tied_embedding_gemm_once()
 
 
 def _aot_artifact_finalize_loading() -> None:
@@ -202,3 +274,235 @@ def no_triton_allocator(module_name: str) -> Iterator[None]:
 
 def _no_triton_allocator(device) -> None:
     """No Triton, no Triton scratch allocator to set."""
+
+
+# ----------------------------------------------------------------------------- frontend
+# frontend_warmup_during_engine_start (see the module docstring)
+
+_PATCHED = "_vllm_x86_patched"
+# id(pooled tokenizer) -> (vLLM's pool queue, its og_tokenizer, copies owed)
+_OWED_COPIES: dict[int, tuple] = {}
+
+
+def _frontend_warmup_enabled() -> bool:
+    from vllm_x86 import envs
+
+    return os.environ.get("VLLM_X86_CLI") == "serve" and envs.get_bool("VLLM_X86_FRONTEND_WARMUP")
+
+
+def _closure_vars(fn) -> dict:
+    fn = getattr(fn, "__wrapped__", fn)
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    if code is None or cells is None:
+        return {}
+    out = {}
+    for name, cell in zip(code.co_freevars, cells):
+        try:
+            out[name] = cell.cell_contents
+        except ValueError:  # an empty cell
+            pass
+    return out
+
+
+def tokenizer_pool_of(pooled) -> tuple | None:
+    """(queue, og_tokenizer) of the pool vLLM's ``maybe_make_thread_pool`` built into
+    ``pooled``'s class, or None where that class is not such a pool."""
+    import queue
+
+    method = vars(type(pooled)).get("encode")
+    borrow = _closure_vars(method).get("_borrow_from_pool") if method else None
+    found = _closure_vars(borrow) if borrow else {}
+    pool, og = found.get("tokenizer_pool"), found.get("og_tokenizer")
+    if isinstance(pool, queue.Queue) and og is not None:
+        return pool, og
+    return None
+
+
+def _pool_builder_known(make_pool) -> bool:
+    code = getattr(make_pool, "__code__", None)
+    return code is not None and {"tokenizer_pool", "og_tokenizer", "_borrow_from_pool"} <= set(
+        code.co_cellvars
+    )
+
+
+def _frontend_warmup_during_engine_start() -> None:
+    from vllm.renderers import base as renderer_base
+    from vllm.renderers import hf as renderer_hf
+
+    cls = renderer_base.BaseRenderer
+    if getattr(cls.start_mm_warmup_in_background, _PATCHED, False):
+        return
+    if "_mm_executor" not in cls.__init__.__code__.co_names:
+        logger.warning(
+            "vllm-x86: this vLLM's renderer has no _mm_executor; the tokenizer copies "
+            "and chat-template lookup stay before the engine start"
+        )
+        return
+    original_start = cls.start_mm_warmup_in_background
+    original_warmup = cls.warmup
+    original_make_pool = renderer_hf.maybe_make_thread_pool
+
+    def start_mm_warmup_in_background(self) -> None:
+        original_start(self)
+        if not _frontend_warmup_enabled() or getattr(self, "_vllm_x86_frontend", None):
+            return
+        self._vllm_x86_frontend = self._mm_executor.submit(_frontend_work, self)
+
+    def warmup(self, chat_params) -> None:
+        future = getattr(self, "_vllm_x86_frontend", None)
+        if future is not None:
+            future.result()  # _frontend_work logs its own errors and returns
+        return original_warmup(self, chat_params)
+
+    def maybe_make_thread_pool(tokenizer, copies: int = 1):
+        if not _frontend_warmup_enabled() or copies <= 0:
+            return original_make_pool(tokenizer, copies)
+        pooled = original_make_pool(tokenizer, 0)
+        found = tokenizer_pool_of(pooled)
+        if found is None:  # not a pool (e.g. a slow tokenizer): nothing owed
+            return pooled
+        _OWED_COPIES[id(pooled)] = (*found, copies)
+        return pooled
+
+    for fn in (start_mm_warmup_in_background, warmup, maybe_make_thread_pool):
+        setattr(fn, _PATCHED, True)
+    cls.start_mm_warmup_in_background = start_mm_warmup_in_background
+    cls.warmup = warmup
+    if _pool_builder_known(original_make_pool):
+        renderer_hf.maybe_make_thread_pool = maybe_make_thread_pool
+    else:
+        logger.warning(
+            "vllm-x86: this vLLM builds its tokenizer pool differently; its copies "
+            "stay before the engine start (patches.py, frontend_warmup_during_engine_start)"
+        )
+
+
+def _frontend_work(renderer) -> None:
+    """The tokenizer copies vLLM's pool is owed and the processor chat-template
+    lookup, on the renderer's executor while the engine process loads the model."""
+    from vllm.renderers import hf as renderer_hf
+
+    t0 = time.perf_counter()
+    done = []
+    try:
+        tokenizer = renderer.tokenizer
+        owed = _OWED_COPIES.pop(id(tokenizer), None) if tokenizer is not None else None
+        if owed is not None:
+            pool, og, copies = owed
+            for _ in range(copies):
+                pool.put(copy.deepcopy(og))  # what vLLM's maybe_make_thread_pool does
+            done.append(f"{copies} tokenizer copies")
+        lookup = getattr(renderer_hf, "_try_get_processor_chat_template", None)
+        if isinstance(renderer, renderer_hf.HfRenderer) and tokenizer is not None and lookup:
+            mc = renderer.model_config
+            # the arguments resolve_chat_template passes, and vLLM's cache key of them
+            revision = mc.tokenizer_revision
+            code_revision = mc.code_revision if mc.tokenizer == mc.model else None
+            key = (tokenizer.name_or_path, revision, code_revision, mc.trust_remote_code)
+            cache = getattr(renderer_hf, "_PROCESSOR_CHAT_TEMPLATES", None)
+            if isinstance(cache, dict) and no_processor_possible(
+                tokenizer.name_or_path, mc.trust_remote_code
+            ):
+                cache.setdefault(key, None)
+                done.append("processor chat-template lookup (no processor files)")
+            else:
+                lookup(
+                    tokenizer,
+                    revision=revision,
+                    code_revision=code_revision,
+                    trust_remote_code=mc.trust_remote_code,
+                )
+                done.append("processor chat-template lookup")
+    except Exception as e:  # the server still starts: vLLM does this work on demand
+        logger.warning(
+            "vllm-x86: tokenizer warm-up beside the engine start failed (%s: %s); vLLM "
+            "makes tokenizer copies on demand and looks the chat template up again",
+            type(e).__name__,
+            e,
+        )
+        return
+    if done:
+        logger.info(
+            "vllm-x86: %s done beside the engine start in %.2f s",
+            " and ".join(done),
+            time.perf_counter() - t0,
+        )
+
+
+# ----------------------------------------------------------------------------- tied GEMM
+# tied_embedding_gemm_once (see the module docstring)
+
+# id(weight Parameter) -> (a weak reference to it, the cpu_linear vLLM prepared for
+# it); remove_weight=False only. Keyed by id: tensors compare elementwise, so they
+# cannot be the keys of a WeakKeyDictionary. An entry goes when its Parameter does.
+_PREPARED_GEMMS: dict[int, tuple] = {}
+
+
+def _tied_embedding_gemm_once() -> None:
+    import torch
+    from vllm.model_executor.layers import utils as layer_utils
+
+    original = layer_utils.dispatch_cpu_unquantized_gemm
+    if getattr(original, _PATCHED, False):
+        return
+
+    def dispatch_cpu_unquantized_gemm(layer, remove_weight: bool) -> None:
+        weight = getattr(layer, "weight", None)
+        if (
+            remove_weight
+            or not isinstance(weight, torch.nn.Parameter)
+            or getattr(layer, "bias", None) is not None  # vLLM may convert a bias there
+        ):
+            return original(layer, remove_weight)
+        ref, prepared = _PREPARED_GEMMS.get(id(weight), (None, None))
+        if ref is not None and ref() is weight:
+            layer.cpu_linear = prepared
+            return None
+        result = original(layer, remove_weight)
+        if getattr(layer, "weight", None) is weight and callable(
+            getattr(layer, "cpu_linear", None)
+        ):
+            _PREPARED_GEMMS[id(weight)] = (weakref.ref(weight), layer.cpu_linear)
+            weakref.finalize(weight, _PREPARED_GEMMS.pop, id(weight), None)
+        return result
+
+    setattr(dispatch_cpu_unquantized_gemm, _PATCHED, True)
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+
+
+def no_processor_possible(path: str, trust_remote_code: bool) -> bool:
+    """True when transformers' ``AutoProcessor.from_pretrained(path)`` cannot return a
+    ``ProcessorMixin`` (so vLLM's processor chat template is None), decided from the
+    files alone, following that function (models/auto/processing_auto.py): a local
+    directory with no processor, image-, video- or feature-extractor config file, no
+    ``processor_class`` or ``AutoProcessor`` entry in tokenizer_config.json or the
+    model config, and a config class without a processor in ``PROCESSOR_MAPPING``.
+    Then AutoProcessor falls back to AutoTokenizer (and the image, video and feature
+    classes), none of them a processor: loading the tokenizer again only to learn
+    that is what this saves. Anything else (a hub name, remote code, any of those
+    files or entries, an unreadable file) answers False: ask transformers."""
+    import json
+    from pathlib import Path
+
+    if trust_remote_code or not os.path.isdir(path):
+        return False
+    try:
+        from transformers import AutoConfig
+        from transformers.models.auto import processing_auto as pa
+
+        for name in (pa.PROCESSOR_NAME, pa.FEATURE_EXTRACTOR_NAME, pa.VIDEO_PROCESSOR_NAME):
+            if (Path(path) / name).exists():
+                return False
+        tok_config = Path(path) / pa.TOKENIZER_CONFIG_FILE
+        if tok_config.exists():
+            d = json.loads(tok_config.read_text(encoding="utf-8"))
+            if d.get("processor_class") is not None or "AutoProcessor" in d.get("auto_map", {}):
+                return False
+        config = AutoConfig.from_pretrained(path)
+        if getattr(config, "processor_class", None) is not None:
+            return False
+        if "AutoProcessor" in (getattr(config, "auto_map", None) or {}):
+            return False
+        return type(config) not in pa.PROCESSOR_MAPPING
+    except Exception:  # whatever it is, transformers decides
+        return False

@@ -57,6 +57,22 @@ def _greedy(base: str, model: str) -> str:
     return r.json()["choices"][0]["text"]
 
 
+def _greedy_chat(base: str, model: str) -> str:
+    """A chat answer: goes through the chat template the server resolved."""
+    r = httpx.post(
+        f"{base}/v1/chat/completions",
+        timeout=120,
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 16,
+            "temperature": 0,
+        },
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
 def _models(base: str) -> list[str]:
     return [m["id"] for m in httpx.get(f"{base}/v1/models", timeout=10).json()["data"]]
 
@@ -118,6 +134,12 @@ def test_serve_hands_the_default_model_to_the_daemon(daemon):
     pinned = re.search(r"OpenMP threads pinned to CPUs \[([-\d, ]+)\]", log)
     assert pinned and "-1" not in pinned.group(1), log[-3000:]
     assert "platform plugin active" in log
+    # the tokenizer copies and the chat-template lookup ran beside the engine start
+    # (patches.py, frontend_warmup_during_engine_start), and chat works after it
+    assert re.search(r"tokenizer copies and processor chat-template lookup.* done beside", log), (
+        log[-3000:]
+    )
+    assert "Paris" in _greedy_chat(base, "smollm2-135m-instruct")
     print(f"\ndaemon-served default model ready {secs:.1f} s after `serve`")
 
 
@@ -194,7 +216,7 @@ def _one_server(cmd, env, model_name):
                 pass
             assert time.monotonic() < deadline
             time.sleep(0.3)
-        return _greedy(base, model_name)
+        return _greedy(base, model_name), _greedy_chat(base, model_name)
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:
@@ -205,7 +227,11 @@ def _one_server(cmd, env, model_name):
 
 
 def test_greedy_output_equals_cold_and_stock_servers(daemon, default_model):
-    daemon_text = _greedy(f"http://127.0.0.1:{daemon['port']}", "smollm2-135m-instruct")
+    base = f"http://127.0.0.1:{daemon['port']}"
+    daemon_text = (
+        _greedy(base, "smollm2-135m-instruct"),
+        _greedy_chat(base, "smollm2-135m-instruct"),
+    )
     # one engine at a time on the machine: stop the daemon's server first
     port = client.running(daemon["files"])["port"]
     code, _ = client.request(port, "POST", "/stop-model", {}, timeout=120)

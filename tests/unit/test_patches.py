@@ -108,3 +108,148 @@ def test_no_triton_allocator_is_scoped_to_the_block():
         inside("cpu")  # no Triton needed
     assert module.set_triton_allocator is original
     assert (inside is original) == HAS_TRITON
+
+
+FRONTEND_CODE = """
+    import copy, os, sys, types
+    from vllm_x86 import patches
+    from vllm.renderers import hf
+    from vllm.tokenizers import get_tokenizer
+
+    patches.apply_all()
+    patches.apply_all()  # idempotent
+    path = sys.argv[1]
+    tok = get_tokenizer(path)
+    pooled = hf.maybe_make_thread_pool(copy.copy(tok), 2)
+    pool, og = patches.tokenizer_pool_of(pooled)
+    print("patched:", getattr(hf.maybe_make_thread_pool, patches._PATCHED, False))
+    print("copies at build:", pool.qsize())
+    renderer = object.__new__(hf.HfRenderer)
+    renderer.tokenizer = pooled
+    renderer.model_config = types.SimpleNamespace(
+        tokenizer=path, model=path, tokenizer_revision=None, code_revision=None,
+        trust_remote_code=False,
+    )
+    patches._frontend_work(renderer)
+    print("copies after:", pool.qsize())
+    print("distinct copies:", len({id(t) for t in list(pool.queue)} | {id(og)}))
+    text = "The capital of France is Paris."
+    print("same tokens:", pooled.encode(text) == tok.encode(text))
+    key = (pooled.name_or_path, None, None, False)
+    cached = hf._PROCESSOR_CHAT_TEMPLATES.get(key, "missing")
+    hf._PROCESSOR_CHAT_TEMPLATES.clear()
+    fresh = hf._try_get_processor_chat_template(
+        tok, revision=None, code_revision=None, trust_remote_code=False
+    )
+    print("template cached as vLLM finds it:", cached == fresh)
+"""
+
+
+def _frontend(default_model, **env) -> str:
+    import os
+
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FRONTEND_CODE), str(default_model)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**{k: v for k, v in os.environ.items() if k != "VLLM_X86_CLI"}, **env},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_frontend_warmup_makes_the_pool_copies_later_in_serve(default_model):
+    """In `vllm-x86 serve` the pool is built without its copies; the background task
+    adds exactly the copies vLLM would have made and fills vLLM's template cache."""
+    out = _frontend(default_model, VLLM_X86_CLI="serve")
+    assert "patched: True" in out  # this vLLM's pool has the structure the patch needs
+    assert "copies at build: 0" in out
+    assert "copies after: 2" in out
+    assert "distinct copies: 3" in out
+    assert "same tokens: True" in out
+    assert "template cached as vLLM finds it: True" in out
+
+
+@pytest.mark.parametrize("env", [{}, {"VLLM_X86_CLI": "serve", "VLLM_X86_FRONTEND_WARMUP": "0"}])
+def test_frontend_warmup_elsewhere_keeps_vllms_copies_up_front(default_model, env):
+    out = _frontend(default_model, **env)
+    assert "copies at build: 2" in out
+    assert "copies after: 2" in out  # nothing owed, nothing added
+
+
+def test_tied_embedding_weight_gets_one_gemm():
+    """Two layers sharing a weight Parameter (an input embedding and its tied LM head)
+    get one prepared GEMM; an untied layer and remove_weight=True go to vLLM as before."""
+    out = run(
+        """
+        import gc, torch
+        from vllm_x86 import patches
+        patches.apply_all()
+        from vllm.model_executor.layers import utils
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(512, 256, dtype=torch.bfloat16), requires_grad=False)
+        embed, head, other = torch.nn.Module(), torch.nn.Module(), torch.nn.Module()
+        embed.weight = w
+        head.weight = w  # tie_weights
+        other.weight = torch.nn.Parameter(w.detach().clone(), requires_grad=False)
+        for m in (embed, head, other):
+            utils.dispatch_cpu_unquantized_gemm(m, remove_weight=False)
+        print("tied share:", head.cpu_linear is embed.cpu_linear)
+        print("untied own:", other.cpu_linear is not embed.cpu_linear)
+        x = torch.randn(3, 256, dtype=torch.bfloat16)
+        ref = torch.nn.functional.linear(x.float(), w.float())
+        got = head.cpu_linear(x, head.weight, None).float()
+        print("matches linear:", torch.allclose(got, ref, rtol=2e-2, atol=2e-1))
+        print("same as untied:", torch.equal(got, other.cpu_linear(x, other.weight, None).float()))
+        lin = torch.nn.Module()
+        lin.weight = w
+        utils.dispatch_cpu_unquantized_gemm(lin, remove_weight=True)
+        print("remove_weight prepared anew:", lin.cpu_linear is not embed.cpu_linear)
+        n = len(patches._PREPARED_GEMMS)
+        del embed, head, lin, w
+        gc.collect()
+        print("entry dropped with its weight:", len(patches._PREPARED_GEMMS) == n - 1)
+        """
+    )
+    for line in (
+        "tied share: True",
+        "untied own: True",
+        "matches linear: True",
+        "same as untied: True",
+        "remove_weight prepared anew: True",
+        "entry dropped with its weight: True",
+    ):
+        assert line in out, out
+
+
+def test_no_processor_possible_follows_autoprocessor(default_model, tmp_path):
+    """The files-only rule says True only where AutoProcessor cannot give a processor."""
+    import json
+    import shutil
+
+    from vllm_x86 import patches
+
+    assert patches.no_processor_possible(str(default_model), False)
+    assert not patches.no_processor_possible(str(default_model), True)  # remote code: ask
+    assert not patches.no_processor_possible("HuggingFaceTB/SmolLM2-135M-Instruct", False)
+
+    def variant(name: str, edit) -> str:
+        d = tmp_path / name
+        shutil.copytree(default_model, d)
+        edit(d)
+        return str(d)
+
+    with_preprocessor = variant("pre", lambda d: (d / "preprocessor_config.json").write_text("{}"))
+    assert not patches.no_processor_possible(with_preprocessor, False)
+
+    def add_processor_class(d):
+        p = d / "tokenizer_config.json"
+        p.write_text(json.dumps(json.loads(p.read_text()) | {"processor_class": "X"}))
+
+    assert not patches.no_processor_possible(variant("tok", add_processor_class), False)
+
+    def multimodal_config(d):  # a config class AutoProcessor maps to a processor
+        (d / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
+
+    assert not patches.no_processor_possible(variant("vl", multimodal_config), False)
