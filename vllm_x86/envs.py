@@ -103,6 +103,13 @@ SETTINGS: tuple[Setting, ...] = (
         "(patches.py, frontend_warmup_during_engine_start); 0: vLLM's order.",
     ),
     Setting(
+        "VLLM_X86_SHORT_WARMUP",
+        "1",
+        "Compiled mode: when vLLM's compiled model for this configuration is in its "
+        "cache (it will load it, not compile), the worker warms up with a 16-token run "
+        "instead of vLLM's profile run at the maximum batch (worker.py); 0: vLLM's.",
+    ),
+    Setting(
         "VLLM_X86_ASYNC_SCHEDULING",
         "0",
         "1: keep vLLM's asynchronous scheduling (the engine schedules step N+1 while "

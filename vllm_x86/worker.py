@@ -111,7 +111,10 @@ class X86Worker(CPUWorker):
 
     def determine_available_memory(self) -> int:
         if self._should_warm_up_model():
-            self.model_runner.warming_up_model()
+            if cached_compiled_model(self.model_runner, self.vllm_config):
+                _short_warm_up(self.model_runner)
+            else:
+                self.model_runner.warming_up_model()
         mem = hardware.memory_info(self._memory_node)
         explicit = self.cache_config.kv_cache_memory_bytes
         if explicit is not None:
@@ -192,3 +195,90 @@ def _pin_forked_threads() -> None:
 
     got = C.bind_threads(cpus)
     logger.info("vllm-x86: forked worker: OpenMP threads pinned to CPUs %s", got)
+
+
+# A compiled model loaded from vLLM's cache needs no full-size warm-up run.
+SHORT_WARMUP_TOKENS = 16
+
+
+def cached_compiled_model(runner, vllm_config) -> bool:
+    """True when every module vLLM compiles in this model has its AOT artifact at the
+    path vLLM will load it from (vllm/compilation/decorators.py, the ``__call__`` of
+    ``support_torch_compile``: VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/
+    <sha256 of aot_compile_hash_factors + _model_hash_key(forward)>/rank_<r>_<dp>/model),
+    computed with vLLM's own functions. Anything that does not fit (no AOT mode, cache
+    disabled, no compiled module, a vLLM that hashes otherwise) answers False, which
+    keeps vLLM's full warm-up."""
+    import hashlib
+    from pathlib import Path
+
+    from vllm import envs as vllm_envs
+    from vllm.config import CompilationMode
+
+    if not envs.get_bool("VLLM_X86_SHORT_WARMUP"):
+        return False
+    try:
+        if vllm_config.compilation_config.mode == CompilationMode.NONE:
+            return False
+        if not vllm_envs.VLLM_USE_AOT_COMPILE or vllm_envs.VLLM_DISABLE_COMPILE_CACHE:
+            return False
+        # vLLM's profile run also warms a multimodal encoder and pipeline stages
+        if runner.supports_mm_inputs or vllm_config.parallel_config.pipeline_parallel_size > 1:
+            return False
+        from vllm.compilation.caching import aot_compile_hash_factors
+        from vllm.compilation.decorators import _model_hash_key
+
+        compiled = [
+            m
+            for m in runner.model.modules()
+            if hasattr(m, "was_aot_compile_fn_loaded_from_disk")
+            and not getattr(m, "do_not_compile", True)
+        ]
+        if not compiled:
+            return False
+        pc = vllm_config.parallel_config
+        for m in compiled:
+            factors = aot_compile_hash_factors(vllm_config)
+            factors.append(_model_hash_key(m.forward))
+            digest = hashlib.sha256(str(factors).encode()).hexdigest()
+            path = (
+                Path(vllm_envs.VLLM_CACHE_ROOT)
+                / "torch_compile_cache"
+                / "torch_aot_compile"
+                / digest
+                / f"rank_{pc.rank}_{pc.data_parallel_index}"
+                / "model"
+            )
+            if not path.is_file():
+                return False
+        return True
+    except Exception as e:  # vLLM's full warm-up, as without the plugin
+        logger.info("vllm-x86: full warm-up (could not look for a cached model: %s)", e)
+        return False
+
+
+def _short_warm_up(runner) -> None:
+    """vLLM's CPU warm-up is its profile run at the engine's maximum batch: a dummy
+    forward pass of max_num_batched_tokens tokens and a dummy sampler run
+    (cpu_model_runner.warming_up_model). When vLLM compiles, the first call traces
+    and compiles with those shapes; when it loads the compiled model from its cache
+    there is nothing to compile, and a short run does the same job: the load, the
+    first call of every compiled kernel, the sampler. Same settings context as vLLM's.
+    (If vLLM recompiles after all, e.g. a changed source file, it compiles from this
+    run's shapes: the graph is dynamic in the token count either way.)"""
+    from vllm.v1.worker.cpu_model_runner import _set_global_compilation_settings
+
+    n = min(SHORT_WARMUP_TOKENS, runner.max_num_tokens)
+    logger.info(
+        "vllm-x86: compiled model found in vLLM's cache: warming up with %d tokens "
+        "instead of vLLM's %d-token profile run (VLLM_X86_SHORT_WARMUP=0: vLLM's)",
+        n,
+        runner.max_num_tokens,
+    )
+    with _set_global_compilation_settings(runner.vllm_config):
+        hidden_states, last_hidden_states = runner._dummy_run(n, is_profile=True)
+        if runner.is_pooling_model:
+            runner._dummy_pooler_run(hidden_states)
+        else:
+            runner._dummy_sampler_run(last_hidden_states)
+    logger.info("Warming up done.")

@@ -78,6 +78,8 @@ def test_cache_is_loaded_and_a_damaged_entry_rebuilt(tmp_path):
     first = _start_and_ask(tiny, env, tmp_path / "first.log")
     log1 = (tmp_path / "first.log").read_text()
     assert "keyed by plugin, vLLM, torch, Python and ISA" in log1
+    short = "compiled model found in vLLM's cache: warming up with 16 tokens"
+    assert short not in log1  # compiling: vLLM's full-size warm-up
     roots = list((cache / "compile").iterdir())
     assert len(roots) == 1
     entries = [p for p in (roots[0] / cc.AOT_SUBDIR).iterdir() if p.is_dir()]
@@ -87,6 +89,7 @@ def test_cache_is_loaded_and_a_damaged_entry_rebuilt(tmp_path):
     log_again = (tmp_path / "again.log").read_text()
     assert "Directly load AOT compilation" in log_again, log_again[-4000:]
     assert "Compiling model again" not in log_again
+    assert short in log_again  # loading: the worker's short warm-up (worker.py)
     assert again == first
     for e in entries:
         model = next(e.rglob("model"))
@@ -94,5 +97,6 @@ def test_cache_is_loaded_and_a_damaged_entry_rebuilt(tmp_path):
     second = _start_and_ask(tiny, env, tmp_path / "second.log")
     log2 = (tmp_path / "second.log").read_text()
     assert "is damaged" in log2 and "moved to" in log2
+    assert short not in log2  # the entry was moved aside: vLLM compiles, full warm-up
     assert second == first
     assert list((roots[0] / "quarantine").iterdir())

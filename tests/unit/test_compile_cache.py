@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from vllm_x86 import compile_cache as cc
 
 
@@ -70,3 +72,29 @@ def test_damaged_entries_are_moved_aside(tmp_path):
     quarantined = list((tmp_path / "quarantine").iterdir())
     assert len(quarantined) == cc.KEEP_QUARANTINED  # the oldest are dropped
     assert all((q / "quarantine-reason.txt").exists() for q in quarantined)
+
+
+def test_short_warm_up_needs_a_compiled_model_in_vllms_cache(monkeypatch):
+    """Eager mode, the setting off, or a runner without compiled modules keep vLLM's
+    warm-up (the cached case is tests/e2e/test_compile_cache.py)."""
+    import types
+
+    from vllm.config import CompilationMode
+
+    from vllm_x86.worker import cached_compiled_model
+
+    def cfg(mode):
+        return types.SimpleNamespace(
+            compilation_config=types.SimpleNamespace(mode=mode),
+            parallel_config=types.SimpleNamespace(
+                pipeline_parallel_size=1, rank=0, data_parallel_index=0
+            ),
+        )
+
+    plain = types.SimpleNamespace(
+        supports_mm_inputs=False, model=torch.nn.Sequential(torch.nn.Linear(2, 2))
+    )
+    assert not cached_compiled_model(plain, cfg(CompilationMode.NONE))
+    assert not cached_compiled_model(plain, cfg(CompilationMode.VLLM_COMPILE))  # nothing compiled
+    monkeypatch.setenv("VLLM_X86_SHORT_WARMUP", "0")
+    assert not cached_compiled_model(plain, cfg(CompilationMode.VLLM_COMPILE))
