@@ -57,28 +57,32 @@ IDS = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359]]
 UNFUSED = "all,-rotary_embedding"  # vLLM's rotary CustomOp off: vLLM's own sequence
 MARK = "=== engine "
 
-# The four engines (bf16 and fp32, fused and vLLM's sequence) one after another in one
-# fresh process: one Python + vLLM import instead of four. Each engine still builds its
-# model in its own engine-core process; a marker line says whose log follows.
+# The five engines (bf16 and fp32, fused and vLLM's sequence, and fp32 compiled with the
+# CustomOps on) one after another in one fresh process: one Python + vLLM import
+# instead of five. Each engine still builds its model in its own engine-core process;
+# a marker line says whose log follows.
 _RUN = """
 import gc, json, sys
 from vllm import LLM, SamplingParams
 model, ids, new, unfused, mark = sys.argv[1:]
 ids = json.loads(ids)
 out = {}
-for dtype in ("bfloat16", "float32"):
-    for name, ops in (("fused", None), ("unfused", unfused)):
-        key = dtype + "-" + name
-        print(mark + key, flush=True)
-        kw = {"compilation_config": {"custom_ops": ops.split(",")}} if ops else {}
-        llm = LLM(model, dtype=dtype, enforce_eager=True, max_model_len=1024, seed=0, **kw)
-        sp = SamplingParams(temperature=0, max_tokens=int(new), ignore_eos=True)
-        # one request at a time, as the transformers reference runs them
-        outs = [llm.generate([{"prompt_token_ids": x}], sp, use_tqdm=False)[0] for x in ids]
-        out[key] = [list(o.outputs[0].token_ids) for o in outs]
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
+engines = [(d, n, o, True) for d in ("bfloat16", "float32")
+           for n, o in (("fused", None), ("unfused", unfused))]
+# compiled mode with vLLM's CustomOps on: the plugin's ops inside the compiled graph
+engines.append(("float32", "compiled", "all", False))
+for dtype, name, ops, eager in engines:
+    key = dtype + "-" + name
+    print(mark + key, flush=True)
+    kw = {"compilation_config": {"custom_ops": ops.split(",")}} if ops else {}
+    llm = LLM(model, dtype=dtype, enforce_eager=eager, max_model_len=1024, seed=0, **kw)
+    sp = SamplingParams(temperature=0, max_tokens=int(new), ignore_eos=True)
+    # one request at a time, as the transformers reference runs them
+    outs = [llm.generate([{"prompt_token_ids": x}], sp, use_tqdm=False)[0] for x in ids]
+    out[key] = [list(o.outputs[0].token_ids) for o in outs]
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
 print("RESULT " + json.dumps(out), flush=True)
 """
 
@@ -126,3 +130,15 @@ def test_fused_attention_equals_vllm_sequence(tiny_qwen3, runs, dtype):
     assert fused["token_ids"] == unfused["token_ids"]
     if dtype == "float32":
         assert fused["token_ids"] == transformers_greedy(tiny_qwen3, IDS)
+
+
+def test_fused_attention_runs_inside_a_compiled_graph(tiny_qwen3, runs):
+    """vLLM's compiled mode with every CustomOp on (`--compilation-config
+    '{"custom_ops": ["all"]}'`): torch.compile traces the plugin's ops (their
+    kernels-available checks are constants to it) and the tokens stay transformers'."""
+    compiled = runs["float32-compiled"]
+    assert "2 Qwen3Attention modules use the fused kernel" in compiled["log"], compiled["log"][
+        -3000:
+    ]
+    assert compiled["token_ids"] == runs["float32-fused"]["token_ids"]
+    assert compiled["token_ids"] == transformers_greedy(tiny_qwen3, IDS)

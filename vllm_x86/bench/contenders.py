@@ -93,6 +93,14 @@ CONTENDERS: dict[str, Contender] = {
             {"VLLM_X86_OPS": "0"},
         ),
         Contender(
+            "plugin-customops",
+            "plugin-server",
+            "vllm-x86 with every CustomOp on in compiled mode (`--compilation-config "
+            "'{\"custom_ops\": [\"all\"]}'`): the plugin's RMSNorm, rotary and fused "
+            "Qwen3 attention ops run inside the compiled graph instead of Inductor's code",
+            args=("--compilation-config", '{"custom_ops": ["all"]}'),
+        ),
+        Contender(
             "plugin-int8",
             "plugin-server",
             "vllm-x86 quantizing the checkpoint to INT8 while it loads (`--quantization x86_int8`)",

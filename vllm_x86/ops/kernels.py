@@ -29,10 +29,15 @@ def _load():
     return _C, None
 
 
+# The ops' forward_cpu methods ask these while torch.compile traces them (with vLLM's
+# CustomOps on in compiled mode): constants to Dynamo, which would otherwise trace into
+# _load and stop at the extension's set_isa.
+@torch.compiler.assume_constant_result
 def available() -> bool:
     return _load()[0] is not None
 
 
+@torch.compiler.assume_constant_result
 def load_error() -> str | None:
     return _load()[1]
 
