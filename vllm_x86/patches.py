@@ -280,8 +280,9 @@ def _no_triton_allocator(device) -> None:
 # frontend_warmup_during_engine_start (see the module docstring)
 
 _PATCHED = "_vllm_x86_patched"
-# id(pooled tokenizer) -> (vLLM's pool queue, its og_tokenizer, copies owed)
-_OWED_COPIES: dict[int, tuple] = {}
+# pooled tokenizer -> (vLLM's pool queue, its og_tokenizer, copies owed); held weakly,
+# so an entry never outlives its tokenizer (nor meets another at the same address)
+_OWED_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _frontend_warmup_enabled() -> bool:
@@ -361,7 +362,12 @@ def _frontend_warmup_during_engine_start() -> None:
         found = tokenizer_pool_of(pooled)
         if found is None:  # not a pool (e.g. a slow tokenizer): nothing owed
             return pooled
-        _OWED_COPIES[id(pooled)] = (*found, copies)
+        try:
+            _OWED_COPIES[pooled] = (*found, copies)
+        except TypeError:  # a tokenizer that cannot be referenced weakly: copies now
+            pool, og = found
+            for _ in range(copies):
+                pool.put(copy.deepcopy(og))
         return pooled
 
     for fn in (start_mm_warmup_in_background, warmup, maybe_make_thread_pool):
@@ -386,7 +392,7 @@ def _frontend_work(renderer) -> None:
     done = []
     try:
         tokenizer = renderer.tokenizer
-        owed = _OWED_COPIES.pop(id(tokenizer), None) if tokenizer is not None else None
+        owed = _OWED_COPIES.pop(tokenizer, None) if tokenizer is not None else None
         if owed is not None:
             pool, og, copies = owed
             for _ in range(copies):

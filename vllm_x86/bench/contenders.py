@@ -96,7 +96,7 @@ CONTENDERS: dict[str, Contender] = {
             "plugin-customops",
             "plugin-server",
             "vllm-x86 with every CustomOp on in compiled mode (`--compilation-config "
-            "'{\"custom_ops\": [\"all\"]}'`): the plugin's RMSNorm, rotary and fused "
+            '\'{"custom_ops": ["all"]}\'`): the plugin\'s RMSNorm, rotary and fused '
             "Qwen3 attention ops run inside the compiled graph instead of Inductor's code",
             args=("--compilation-config", '{"custom_ops": ["all"]}'),
         ),
