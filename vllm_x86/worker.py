@@ -114,6 +114,13 @@ class X86Worker(CPUWorker):
             if cached_compiled_model(self.model_runner, self.vllm_config):
                 _short_warm_up(self.model_runner)
             else:
+                if compiled_model_in_cache(self.model_runner, self.vllm_config) is False:
+                    logger.info(
+                        "vllm-x86: compiling the model: no compiled model for these "
+                        "settings in the cache yet. This can take minutes on a CPU; "
+                        "later starts with the same settings load it (--enforce-eager "
+                        "starts without compiling)"
+                    )
                 self.model_runner.warming_up_model()
         mem = hardware.memory_info(self._memory_node)
         explicit = self.cache_config.kv_cache_memory_bytes
@@ -202,29 +209,36 @@ SHORT_WARMUP_TOKENS = 16
 
 
 def cached_compiled_model(runner, vllm_config) -> bool:
-    """True when every module vLLM compiles in this model has its AOT artifact at the
+    """True when the short warm-up applies: VLLM_X86_SHORT_WARMUP is on and vLLM will
+    load this model's compiled form from its cache (``compiled_model_in_cache``)."""
+    return envs.get_bool("VLLM_X86_SHORT_WARMUP") and bool(
+        compiled_model_in_cache(runner, vllm_config)
+    )
+
+
+def compiled_model_in_cache(runner, vllm_config) -> bool | None:
+    """Whether every module vLLM compiles in this model has its AOT artifact at the
     path vLLM will load it from (vllm/compilation/decorators.py, the ``__call__`` of
     ``support_torch_compile``: VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/
     <sha256 of aot_compile_hash_factors + _model_hash_key(forward)>/rank_<r>_<dp>/model),
-    computed with vLLM's own functions. Anything that does not fit (no AOT mode, cache
-    disabled, no compiled module, a vLLM that hashes otherwise) answers False, which
-    keeps vLLM's full warm-up."""
+    computed with vLLM's own functions. None where the question does not apply or
+    cannot be answered (eager, no AOT mode, cache disabled, a multimodal model or
+    pipeline stages, whose warm-up does more; no compiled module; a vLLM that hashes
+    otherwise): vLLM's full warm-up then."""
     import hashlib
     from pathlib import Path
 
     from vllm import envs as vllm_envs
     from vllm.config import CompilationMode
 
-    if not envs.get_bool("VLLM_X86_SHORT_WARMUP"):
-        return False
     try:
         if vllm_config.compilation_config.mode == CompilationMode.NONE:
-            return False
+            return None
         if not vllm_envs.VLLM_USE_AOT_COMPILE or vllm_envs.VLLM_DISABLE_COMPILE_CACHE:
-            return False
+            return None
         # vLLM's profile run also warms a multimodal encoder and pipeline stages
         if runner.supports_mm_inputs or vllm_config.parallel_config.pipeline_parallel_size > 1:
-            return False
+            return None
         from vllm.compilation.caching import aot_compile_hash_factors
         from vllm.compilation.decorators import _model_hash_key
 
@@ -235,7 +249,7 @@ def cached_compiled_model(runner, vllm_config) -> bool:
             and not getattr(m, "do_not_compile", True)
         ]
         if not compiled:
-            return False
+            return None
         pc = vllm_config.parallel_config
         for m in compiled:
             factors = aot_compile_hash_factors(vllm_config)
@@ -254,7 +268,7 @@ def cached_compiled_model(runner, vllm_config) -> bool:
         return True
     except Exception as e:  # vLLM's full warm-up, as without the plugin
         logger.info("vllm-x86: full warm-up (could not look for a cached model: %s)", e)
-        return False
+        return None
 
 
 def _short_warm_up(runner) -> None:

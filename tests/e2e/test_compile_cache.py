@@ -80,6 +80,7 @@ def test_cache_is_loaded_and_a_damaged_entry_rebuilt(tmp_path):
     assert "keyed by plugin, vLLM, torch, Python and ISA" in log1
     short = "compiled model found in vLLM's cache: warming up with 16 tokens"
     assert short not in log1  # compiling: vLLM's full-size warm-up
+    assert "vllm-x86: compiling the model: no compiled model for these settings" in log1
     roots = list((cache / "compile").iterdir())
     assert len(roots) == 1
     entries = [p for p in (roots[0] / cc.AOT_SUBDIR).iterdir() if p.is_dir()]
@@ -90,6 +91,7 @@ def test_cache_is_loaded_and_a_damaged_entry_rebuilt(tmp_path):
     assert "Directly load AOT compilation" in log_again, log_again[-4000:]
     assert "Compiling model again" not in log_again
     assert short in log_again  # loading: the worker's short warm-up (worker.py)
+    assert "vllm-x86: compiling the model" not in log_again
     assert again == first
     for e in entries:
         model = next(e.rglob("model"))
@@ -98,5 +100,6 @@ def test_cache_is_loaded_and_a_damaged_entry_rebuilt(tmp_path):
     log2 = (tmp_path / "second.log").read_text()
     assert "is damaged" in log2 and "moved to" in log2
     assert short not in log2  # the entry was moved aside: vLLM compiles, full warm-up
+    assert "vllm-x86: compiling the model" in log2
     assert second == first
     assert list((roots[0] / "quarantine").iterdir())
