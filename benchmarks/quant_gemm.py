@@ -10,7 +10,9 @@ bf16 GEMM (what an unquantized layer runs), the plugin's int8_w8a16_gemm and
 int4_w4a16_gemm (group 128, zero points; AMX or AVX-512 VNNI, whichever runs here:
 `--quant-isa` picks), then on AMX vLLM CPU's W8A8 and W4A8 AMX kernels
 (VLLM_X86_QUANT_KERNEL=vllm), and without AMX PyTorch's weight-only kernels (what the
-methods ran there before the VNNI kernels). Absolute times are for orientation only;
+methods ran there before the VNNI kernels) and the VNNI kernels with 8-bit activations
+(a scale per 64 inputs; `VLLM_X86_QUANT_A8_ROWS`), timed with every row count here.
+The 16-bit kernels run with 8-bit activations off. Absolute times are for orientation only;
 the kernels run one after another in one process, so read the ratios.
 """
 
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     import vllm_x86._C as C
 
     C.set_quant_isa(a.quant_isa)
+    a8_rows = C.quant_a8_rows()
     if not C.quant_isa():
         print(
             "this CPU has neither AMX nor AVX-512 VNNI: the plugin's quantized kernels do "
@@ -110,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         kernels["int4 wo (torch)"] = lambda L, x: m.int4_matmul(
             "torch", x, L["i4t"]["weight"], None, None, 128, None, L["i4t"]["weight_scale_zero"]
         )
+    # the plugin's VNNI kernels with 8-bit activations from 1 row; all others without
+    a8 = set()
+    if not amx:
+        kernels["int8 w8a8 (plugin)"] = kernels["int8 w8a16 (plugin)"]
+        kernels["int4 w4a8 (plugin)"] = kernels["int4 w4a16 (plugin)"]
+        a8 = {"int8 w8a8 (plugin)", "int4 w4a8 (plugin)"}
     names = list(kernels)
     weights = sum(n * k for n, k in SHAPES)
     print(
@@ -117,23 +126,33 @@ def main(argv: list[str] | None = None) -> int:
         f"plugin kernels: {C.quant_isa()}: "
         "ms per layer (4 GEMMs); ratio = bf16 time / kernel time; GB/s = weight bytes read"
     )
-    print("| M | " + " | ".join(names) + " | int8 w8a16 vs bf16 | int4 w4a16 vs bf16 |")
-    print("|---" * (len(names) + 3) + "|")
+    ratios = [n for n in names[1:] if "plugin" in n]
+    print(
+        "| M | "
+        + " | ".join(names)
+        + " | "
+        + " | ".join(f"{n.split(' (')[0]} vs bf16" for n in ratios)
+        + " |"
+    )
+    print("|---" * (len(names) + 1 + len(ratios)) + "|")
     for rows in (int(r) for r in a.rows.split(",")):
         xs = {k: torch.randn(rows, k).to(torch.bfloat16) for _, k in SHAPES}
-        t = {
-            name: _time([lambda L=L, f=f, xs=xs: f(L, xs[L["k"]]) for L in layers], a.seconds)
-            / a.layers
-            for name, f in kernels.items()
-        }
+        t = {}
+        for name, f in kernels.items():
+            C.set_quant_a8_rows(1 if name in a8 else 0)
+            calls = [lambda L=L, f=f, xs=xs: f(L, xs[L["k"]]) for L in layers]
+            t[name] = _time(calls, a.seconds) / a.layers
+        C.set_quant_a8_rows(a8_rows)
         cells = []
         for name in names:
-            bytes_per_w = 2 if "bf16" in name else (1 if "int8" in name else 0.5)
+            bytes_per_w = 2 if name.startswith("bf16") else (1 if "int8" in name else 0.5)
             cells.append(f"{t[name]:.3f} ({weights * bytes_per_w / t[name] / 1e6:.0f} GB/s)")
         print(
             f"| {rows} | "
             + " | ".join(cells)
-            + f" | {t[names[0]] / t[names[1]]:.2f}x | {t[names[0]] / t[names[2]]:.2f}x |"
+            + " | "
+            + " | ".join(f"{t[names[0]] / t[n]:.2f}x" for n in ratios)
+            + " |"
         )
     return 0
 

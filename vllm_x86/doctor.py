@@ -174,7 +174,7 @@ def _quant_gemm() -> dict:
 
     isa = methods.quant_isa()
     if isa:
-        return {"isa": isa, "kernels": f"the plugin's ({isa})"}
+        return {"isa": isa, "kernels": f"the plugin's ({isa}; {methods.activations(isa)})"}
     why = (
         "VLLM_X86_QUANT_KERNEL=torch"
         if envs.get("VLLM_X86_QUANT_KERNEL") == "torch"

@@ -21,6 +21,13 @@ its log-prob is 0.47 off; with PyTorch's kernels instead of the plugin's the sam
 is near, and the greedy tokens part two steps later. At most MAX_TIES of the 16 steps
 may be left out.
 
+This test serves with 16-bit activations at every row count (VLLM_X86_QUANT_A8_ROWS=0):
+the reference does not model the 8-bit activations the VNNI kernels take for a prompt
+of 4 or more tokens, and in these tiny random models that rounding of the prefill moves
+later greedy steps up to 1.3 logits from the reference's best (Qwen3-MoE INT4 on an AMD
+EPYC). The 8-bit path of the experts is held to its own reference in
+tests/unit/test_quant_moe.py, and dense models serve with it in tests/e2e/test_quantized.py.
+
 Not Mixtral: its tiny checkpoint has a routing near tie on this prompt (layer 0,
 prompt position 13: the 2nd and 3rd experts' router probabilities 0.0001 apart) that
 x86_int8's Linear layers alone tip the other way (the same with the experts left in
@@ -157,7 +164,9 @@ def _score(model, prompt, tokens):
 )
 def test_quantized_experts_serve_the_dequantized_model(arch, bits):
     model_dir, prompt = _checkpoint(arch)
-    got = _serve(model_dir, prompt, "--quantization", f"x86_int{bits}")
+    got = _serve(
+        model_dir, prompt, "--quantization", f"x86_int{bits}", env={"VLLM_X86_QUANT_A8_ROWS": "0"}
+    )
     assert got["platform"] == "X86Platform"
     assert f"MoE experts in INT{bits}" in got["log"]
 

@@ -33,11 +33,19 @@ def test_doctor_prints_isa_flags_and_choices():
     # the INT8/INT4 GEMMs: the plugin's on AMX or AVX-512 VNNI, else PyTorch's
     vnni = " avx512_vnni" in flags and " avx512bw" in flags
     want = (
-        "the plugin's (amx)"
+        "the plugin's (amx; 16-bit activations)"
         if " amx_int8" in flags
-        else ("the plugin's (avx512_vnni)" if vnni else "PyTorch's weight-only (no AMX")
+        else (
+            "the plugin's (avx512_vnni; 16-bit activations below 4 rows, 8-bit (a scale per "
+            "64 inputs) from 4)"
+            if vnni
+            else "PyTorch's weight-only (no AMX"
+        )
     )
     assert f"INT8/INT4 GEMMs : {want}" in p.stdout, p.stdout
+    if vnni and " amx_int8" not in flags:
+        p = cli("doctor", VLLM_X86_QUANT_A8_ROWS="0")
+        assert "INT8/INT4 GEMMs : the plugin's (avx512_vnni; 16-bit activations)" in p.stdout
     p = cli("doctor", "--json", VLLM_X86_QUANT_KERNEL="torch")
     got = json.loads(p.stdout)["plugin_choices"]["quant_gemm"]
     assert got["isa"] is None and "VLLM_X86_QUANT_KERNEL=torch" in got["kernels"]

@@ -33,6 +33,15 @@ def _rel(y, ref) -> float:
     return float((y.float() - ref).norm() / ref.norm())
 
 
+def _kernel_x(x: torch.Tensor) -> torch.Tensor:
+    """The activations the plugin's INT8/INT4 ops compute with for x's rows, as float32:
+    x (16-bit activations; their rounding is below the tests' tolerance) or, where the op
+    takes 8-bit ones (VNNI kernels from VLLM_X86_QUANT_A8_ROWS rows), their rounding."""
+    from vllm_x86.ops import reference
+
+    return reference.a8_activations(x) if reference.takes_a8(x.shape[0]) else x.float()
+
+
 def _act_quant(x: torch.Tensor) -> torch.Tensor:
     s = x.float().abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0
     return torch.round(x.float() / s).clamp(-127, 127) * s
@@ -115,7 +124,8 @@ def test_int8_amx_kernel_matches_reference(n, k, rows):
     q, scale = m.quantize_int8(w)
     wd = m.dequantize_int8(q, scale)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
-    assert _rel(y, x.float() @ wd.t()) < 5e-3
+    assert _rel(y, _kernel_x(x) @ wd.t()) < 5e-3
+    assert _rel(y, x.float() @ wd.t()) < 2e-2  # 8-bit activations included
 
 
 def _vnni() -> bool:
@@ -131,10 +141,13 @@ def _vnni() -> bool:
 def test_vnni_kernels_equal_the_amx_kernels_bit_for_bit(rows):
     """csrc/vnni_gemm.cpp forms the same int32 sums as the AMX kernel (unsigned weights
     and a per-token correction instead of tdpbssd) and the same float32 epilogue, so the
-    two give the same bits, zero rows, NaN rows and bias included."""
+    two give the same bits, zero rows, NaN rows and bias included (16-bit activations at
+    every row count: the VNNI kernels' 8-bit ones are off here)."""
     import vllm_x86._C as C
 
     m.check_plugin_kernels()
+    a8_rows = C.quant_a8_rows()
+    C.set_quant_a8_rows(0)
     n, k = 192, 1024
     w, x = _data(n, k, rows)
     x[0, 5] = 60.0
@@ -154,6 +167,7 @@ def test_vnni_kernels_equal_the_amx_kernels_bit_for_bit(rows):
             outs[isa] = got
     finally:
         C.set_quant_isa("auto")
+        C.set_quant_a8_rows(a8_rows)
     for a, b in zip(outs["amx"], outs["avx512_vnni"], strict=True):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
@@ -179,6 +193,116 @@ def test_quantized_kernels_on_ragged_channel_blocks(n, rows):
         p4 = m.pack_int4_w4a16(*m.quantize_int4(w, group, zp))
         y = torch.ops.vllm_x86.int4_w4a16_gemm(x, *p4, group, bias)
         assert _rel(y, reference.int4_w4a16_gemm(x, *p4, group, bias).float()) < 5e-3
+
+
+@pytest.fixture
+def vnni_a8():
+    """The AVX-512 VNNI kernels with 8-bit activations from 4 rows (the default), also on
+    a CPU with AMX; both settings restored afterwards."""
+    import vllm_x86._C as C
+
+    if not _vnni():
+        pytest.skip("the 8-bit-activation kernels need AVX-512 VNNI")
+    m.check_plugin_kernels()
+    isa, rows = C.quant_isa(), C.quant_a8_rows()
+    C.set_quant_isa("avx512_vnni")
+    C.set_quant_a8_rows(4)
+    yield C
+    C.set_quant_isa(isa)
+    C.set_quant_a8_rows(rows)
+
+
+def _int_ops(x, w, bias):
+    """The INT8 op and the INT4 op (groups of 64 with zero points, 128 without) on x."""
+    q, scale = m.quantize_int8(w)
+    outs = [torch.ops.vllm_x86.int8_w8a16_gemm(x, m.pack_int8_w8a16(q), scale, bias)]
+    for group, zp in ((64, True), (128, False)):
+        p4 = m.pack_int4_w4a16(*m.quantize_int4(w, group, zp))
+        outs.append(torch.ops.vllm_x86.int4_w4a16_gemm(x, *p4, group, bias))
+    return outs
+
+
+def _int_refs(x, w, bias):
+    """_int_ops' float32 references (ops/reference.py, 8-bit activations modelled)."""
+    from vllm_x86.ops import reference
+
+    q, scale = m.quantize_int8(w)
+    refs = [reference.int8_w8a16_gemm(x, m.pack_int8_w8a16(q), scale, bias)]
+    for group, zp in ((64, True), (128, False)):
+        p4 = m.pack_int4_w4a16(*m.quantize_int4(w, group, zp))
+        refs.append(reference.int4_w4a16_gemm(x, *p4, group, bias))
+    return refs
+
+
+@pytest.mark.parametrize("rows", [4, 5, 6, 7, 8, 17, 64, 100])
+@pytest.mark.parametrize("n", [16, 48, 80, 1024])
+def test_a8_kernels_match_their_reference(vnni_a8, n, rows):
+    """From 4 rows the VNNI kernels round each group of 64 inputs to 8 bits with its own
+    scale: every tile of 4 tokens, every tail (1-3 tokens), every remainder of channel
+    blocks, raw and (from 64 rows) expanded INT4 blocks, against the float32 reference
+    that rounds the activations the same way; within 2e-2 of unrounded activations
+    despite an outlier (it coarsens only its own group)."""
+    from vllm_x86.ops import reference
+
+    k = 1024
+    w, x = _data(n, k, rows, seed=n * rows)
+    x[0, 5] = 60.0
+    bias = torch.randn(n)
+    assert reference.takes_a8(rows)
+    for y, ref in zip(_int_ops(x, w, bias), _int_refs(x, w, bias), strict=True):
+        assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
+        assert _rel(y, ref.float()) < 3e-3
+    q, scale = m.quantize_int8(w)
+    exact = x.float() @ m.dequantize_int8(q, scale).t() + bias
+    assert _rel(_int_ops(x, w, bias)[0], exact) < 2e-2
+
+
+def test_a8_rows_setting_switches_at_its_row_count(vnni_a8):
+    """Below VLLM_X86_QUANT_A8_ROWS rows the ops give the 16-bit kernels' bits, from it
+    on other ones (8-bit activations); 0 never switches; a bad setting is a sentence."""
+    from vllm_x86.ops import kernels
+
+    C = vnni_a8
+    w, x = _data(192, 1024, 6)
+    bias = torch.randn(192)
+
+    def run(rows_setting, xs):
+        C.set_quant_a8_rows(rows_setting)
+        return [y.view(torch.int16) for y in _int_ops(xs, w, bias)]
+
+    for rows in (3, 4, 6):
+        xs = x[:rows].contiguous()
+        a16 = run(0, xs)
+        got = run(4, xs)
+        same = [torch.equal(a, b) for a, b in zip(a16, got, strict=True)]
+        assert same == [rows < 4] * 3, (rows, same)
+        assert [torch.equal(a, b) for a, b in zip(run(rows + 1, xs), a16, strict=True)] == [
+            True
+        ] * 3
+    with pytest.raises(RuntimeError, match="expected 0 .never. or a row count"):
+        C.set_quant_a8_rows(-1)
+    for bad in ("-2", "four"):
+        os.environ["VLLM_X86_QUANT_A8_ROWS"] = bad
+        try:
+            with pytest.raises(ValueError, match="VLLM_X86_QUANT_A8_ROWS=.*expected a row count"):
+                kernels.a8_rows()
+        finally:
+            del os.environ["VLLM_X86_QUANT_A8_ROWS"]
+
+
+def test_a8_kernels_zero_and_nan_rows(vnni_a8):
+    """With 8-bit activations a zero row gives the bias, a row holding NaN gives NaN (as
+    a float matmul), and the other rows match the reference."""
+    w, x = _data(64, 256, 6)
+    x[1] = 0
+    x[2, 7] = float("nan")
+    x[4, 70] = float("inf")
+    bias = torch.randn(64)
+    for y, ref in zip(_int_ops(x, w, bias), _int_refs(x, w, bias), strict=True):
+        assert torch.equal(y[1], bias.to(torch.bfloat16))
+        assert y[2].isnan().all() and y[4].isnan().all()
+        for r in (0, 3, 5):
+            assert _rel(y[r], ref[r].float()) < 3e-3
 
 
 def test_quant_isa_choice_is_explained():
@@ -260,9 +384,10 @@ def test_int4_amx_kernel_matches_reference(rows, group, zero_point):
     y = m.X86Int4Linear(cfg).matmul(layer, x, None)
     wd = m.dequantize_int4(*m.quantize_int4(w, group, zero_point), group)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
-    if group >= 64:  # the plugin's kernel, 16-bit activations
+    if group >= 64:  # the plugin's kernel, 16-bit activations (8-bit for batches, VNNI)
         assert layer.x86_kernel == "w4a16"
-        assert _rel(y, x.float() @ wd.t()) < 5e-3
+        assert _rel(y, _kernel_x(x) @ wd.t()) < 5e-3
+        assert _rel(y, x.float() @ wd.t()) < 2e-2
     elif not AMX:  # vLLM's kernel needs AMX: PyTorch's weight-only kernel
         assert layer.x86_kernel == "torch"
         assert _rel(y, x.float() @ wd.t()) < 1e-2

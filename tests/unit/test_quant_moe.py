@@ -86,6 +86,12 @@ def _deq(w, cfg):
     return torch.stack([scope.fake_quantize(w[j], p, cfg.zero_point) for j in range(w.shape[0])])
 
 
+def _a8(method) -> int:
+    """From how many tokens an expert's GEMMs take 8-bit activations with `method`'s
+    kernels (the plugin's, on AVX-512 VNNI), for the reference; 0: never."""
+    return ref.a8_rows() if method.kernel in ("w8a16", "w4a16") else 0
+
+
 def _apply(method, layer, x, tw, ti):
     return method.apply(layer, x, tw, ti, None, None)
 
@@ -119,7 +125,7 @@ def test_quantized_experts_match_dequantized_reference(rows, bits, group, zero_p
     x = torch.randn(rows, h, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     tw, ti = _route(rows, e, 2)
     got = _apply(method, layer, x, tw, ti)
-    want = ref.moe_experts(x, _deq(w13, cfg), _deq(w2, cfg), tw, ti)
+    want = ref.moe_experts(x, _deq(w13, cfg), _deq(w2, cfg), tw, ti, a8_rows=_a8(method))
     assert got.dtype == torch.bfloat16 and got.shape == (rows, h)
     assert _rel(got, want) < tol
     # and the quantization is visible: the bf16 experts' output is further away
@@ -143,7 +149,15 @@ def test_experts_with_bias_sigmoid_weights_and_narrow_intermediate(bits):
     assert not torch.allclose(tw.sum(-1), torch.ones(rows))
     got = _apply(method, layer, x, tw, ti)
     want = ref.moe_experts(
-        x, _deq(w13, cfg), _deq(w2, cfg), tw, ti, "silu", layer.w13_bias, layer.w2_bias
+        x,
+        _deq(w13, cfg),
+        _deq(w2, cfg),
+        tw,
+        ti,
+        "silu",
+        layer.w13_bias,
+        layer.w2_bias,
+        a8_rows=_a8(method),
     )
     assert _rel(got, want) < 5e-3
 
@@ -161,7 +175,9 @@ def test_router_weight_on_input_top1_and_gelu():
     x = torch.randn(rows, h, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     tw, ti = _route(rows, e, 1, sigmoid=True)
     got = _apply(method, layer, x, tw, ti)
-    want = ref.moe_experts(x, _deq(w13, cfg), _deq(w2, cfg), tw, ti, "gelu", weight_on_input=True)
+    want = ref.moe_experts(
+        x, _deq(w13, cfg), _deq(w2, cfg), tw, ti, "gelu", weight_on_input=True, a8_rows=_a8(method)
+    )
     assert _rel(got, want) < 5e-3
 
 

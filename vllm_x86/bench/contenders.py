@@ -147,6 +147,23 @@ CONTENDERS: dict[str, Contender] = {
             args=("--quantization", "x86_int4"),
         ),
         Contender(
+            "plugin-int8-a16",
+            "plugin-server",
+            "vllm-x86 quantizing to INT8 while it loads, 16-bit activations at every batch "
+            "size (`--quantization x86_int8`, VLLM_X86_QUANT_A8_ROWS=0; on AVX-512 VNNI the "
+            "default takes 8-bit ones from 4 rows)",
+            {"VLLM_X86_QUANT_A8_ROWS": "0"},
+            args=("--quantization", "x86_int8"),
+        ),
+        Contender(
+            "plugin-int4-a16",
+            "plugin-server",
+            "vllm-x86 quantizing to INT4 (group 128) while it loads, 16-bit activations at "
+            "every batch size (`--quantization x86_int4`, VLLM_X86_QUANT_A8_ROWS=0)",
+            {"VLLM_X86_QUANT_A8_ROWS": "0"},
+            args=("--quantization", "x86_int4"),
+        ),
+        Contender(
             "llamacpp",
             "llamacpp",
             "llama.cpp through llama-cpp-python (Llama API in a fresh process, one thread per "

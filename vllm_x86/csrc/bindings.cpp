@@ -46,6 +46,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The INT8/INT4 GEMM kernels that run: amx, avx512_vnni, or empty (none can run)");
   m.def("set_quant_isa", &vllm_x86::set_quant_isa,
         "Pick the INT8/INT4 GEMM kernels: auto, amx, avx512_vnni (for comparisons)");
+  m.def("quant_a8_rows", &vllm_x86::quant_a8_rows,
+        "From how many rows the AVX-512 VNNI INT8/INT4 kernels use 8-bit activations (0: never)");
+  m.def("set_quant_a8_rows", &vllm_x86::set_quant_a8_rows,
+        "Set from how many rows the AVX-512 VNNI INT8/INT4 kernels use 8-bit activations "
+        "(0: never)");
   m.def("bind_threads", &vllm_x86::bind_threads,
         "Pin OpenMP thread t of this thread's team to cpus[t]");
   m.def("set_isa", &vllm_x86::set_isa, "Pick the kernels' ISA: auto, avx2, avx512, avx512_bf16");

@@ -330,9 +330,23 @@ std::string& quant_isa_choice() {
   return choice;
 }
 
+// VLLM_X86_QUANT_A8_ROWS's default (envs.py); kernels.py applies the setting.
+int64_t& a8_rows_choice() {
+  static int64_t rows = 4;
+  return rows;
+}
+
 }  // namespace
 
 std::string quant_isa() { return quant_isa_choice(); }
+
+int64_t quant_a8_rows() { return a8_rows_choice(); }
+
+void set_quant_a8_rows(int64_t rows) {
+  TORCH_CHECK(rows >= 0, "vllm-x86 set_quant_a8_rows: expected 0 (never) or a row count, got ",
+              rows);
+  a8_rows_choice() = rows;
+}
 
 void set_quant_isa(const std::string& name) {
   if (name == "auto") {
@@ -359,14 +373,46 @@ struct SplitRows {
   int64_t rows;
 };
 
-SplitRows split_activations(const at::Tensor& x, const char* op) {
+void check_activations(const at::Tensor& x, const char* op) {
   TORCH_CHECK(!quant_isa_choice().empty(), "vllm-x86 ", op,
               " needs AMX-INT8 (and Linux's permission to use it) or AVX-512 VNNI; this CPU "
               "or process has neither");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1,
               "vllm-x86 ", op, ": x must be a 2-D bfloat16 tensor with contiguous rows");
+  TORCH_CHECK(x.size(1) % 64 == 0, "vllm-x86 ", op, ": K must be a multiple of 64, got ",
+              x.size(1));
+}
+
+// Whether a GEMM of m rows takes 8-bit activations (VNNI kernels, from a8_rows rows).
+bool use_a8(int64_t m) {
+  return a8_rows_choice() > 0 && m >= a8_rows_choice() && quant_isa_choice() == "avx512_vnni";
+}
+
+// 8-bit activations of an A8 GEMM: int8 [m, k], a scale and a sum per 64 inputs.
+struct A8Rows {
+  at::Tensor a, scale, sum;
+};
+
+A8Rows quant_activations_a8(const at::Tensor& x) {
   const int64_t m = x.size(0), k = x.size(1);
-  TORCH_CHECK(k % 64 == 0, "vllm-x86 ", op, ": K must be a multiple of 64, got ", k);
+  A8Rows r;
+  r.a = at::empty({m, k}, x.options().dtype(at::kChar));
+  r.scale = at::empty({m, k / 64}, x.options().dtype(at::kFloat));
+  r.sum = at::empty({m, k / 64}, x.options().dtype(at::kInt));
+  auto* ap = r.a.data_ptr<int8_t>();
+  auto* sp = r.scale.data_ptr<float>();
+  auto* up = r.sum.data_ptr<int32_t>();
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const int64_t ldx = x.stride(0);
+  at::parallel_for(0, m, std::max<int64_t>(1, 32768 / k), [&](int64_t b, int64_t e) {
+    vnni::quant_rows_a8(xp, ldx, k, b, e, ap, sp, up);
+  });
+  return r;
+}
+
+SplitRows split_activations(const at::Tensor& x, const char* op) {
+  check_activations(x, op);
+  const int64_t m = x.size(0), k = x.size(1);
   SplitRows r;
   r.rows = (2 * m + 15) / 16 * 16;
   r.a = at::empty({r.rows, k}, x.options().dtype(at::kChar));
@@ -395,7 +441,7 @@ const float* checked_bias(const std::optional<at::Tensor>& bias, int64_t n, cons
 at::Tensor int8_w8a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
                            const std::optional<at::Tensor>& bias) {
   const char* op = "int8_w8a16_gemm";
-  SplitRows a = split_activations(x, op);
+  check_activations(x, op);
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.is_contiguous(),
               "vllm-x86 int8_w8a16_gemm: w must be the packed int8 weight [N/16, K*16]");
   const int64_t m = x.size(0), k = x.size(1), nblocks = w.size(0), n = nblocks * 16;
@@ -407,11 +453,23 @@ at::Tensor int8_w8a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::T
   const float* bp = checked_bias(bias, n, op);
   at::Tensor out = at::empty({m, n}, x.options());
   if (m == 0) return out;
-  const auto* ap = a.a.data_ptr<int8_t>();
-  const float* xsp = a.scale.data_ptr<float>();
   const auto* wp = w.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
   auto* op_ = reinterpret_cast<uint16_t*>(out.data_ptr());
+  if (use_a8(m)) {
+    A8Rows a = quant_activations_a8(x);
+    const auto* ap = a.a.data_ptr<int8_t>();
+    const float* asp = a.scale.data_ptr<float>();
+    const auto* aup = a.sum.data_ptr<int32_t>();
+    at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t b, int64_t e) {
+      vnni::int8_w8a8_gemm(ap, asp, aup, m, k, wp, sp, bp, op_, n, b * 4,
+                           std::min(e * 4, nblocks));
+    });
+    return out;
+  }
+  SplitRows a = split_activations(x, op);
+  const auto* ap = a.a.data_ptr<int8_t>();
+  const float* xsp = a.scale.data_ptr<float>();
   // work in units of 4 channel blocks (what one step of the kernel takes)
   const bool use_amx = quant_isa_choice() == "amx";
   at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t b, int64_t e) {
@@ -428,7 +486,7 @@ at::Tensor int4_w4a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::T
                            const at::Tensor& zeros, int64_t group_size,
                            const std::optional<at::Tensor>& bias) {
   const char* op = "int4_w4a16_gemm";
-  SplitRows a = split_activations(x, op);
+  check_activations(x, op);
   const int64_t m = x.size(0), k = x.size(1);
   TORCH_CHECK(group_size == 64 || group_size == 128,
               "vllm-x86 int4_w4a16_gemm: group size must be 64 or 128, got ", group_size);
@@ -448,12 +506,24 @@ at::Tensor int4_w4a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::T
   const float* bp = checked_bias(bias, n, op);
   at::Tensor out = at::empty({m, n}, x.options());
   if (m == 0) return out;
-  const auto* ap = a.a.data_ptr<int8_t>();
-  const float* xsp = a.scale.data_ptr<float>();
   const auto* wp = w.data_ptr<uint8_t>();
   const float* sp = scale.data_ptr<float>();
   const auto* zp = zeros.data_ptr<uint8_t>();
   auto* op_ = reinterpret_cast<uint16_t*>(out.data_ptr());
+  if (use_a8(m)) {
+    A8Rows a = quant_activations_a8(x);
+    const auto* ap = a.a.data_ptr<int8_t>();
+    const float* asp = a.scale.data_ptr<float>();
+    const auto* aup = a.sum.data_ptr<int32_t>();
+    at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t b, int64_t e) {
+      vnni::int4_w4a8_gemm(ap, asp, aup, m, k, group_size, wp, sp, zp, bp, op_, n, b * 4,
+                           std::min(e * 4, nblocks));
+    });
+    return out;
+  }
+  SplitRows a = split_activations(x, op);
+  const auto* ap = a.a.data_ptr<int8_t>();
+  const float* xsp = a.scale.data_ptr<float>();
   const bool prefill = a.rows > 32;  // more than one step of rows: expand blocks once
   if (quant_isa_choice() != "amx") {
     at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t b, int64_t e) {

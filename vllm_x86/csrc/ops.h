@@ -34,6 +34,10 @@ bool amx_available();
 // (neither can run here); set_quant_isa picks one ("auto": AMX where it can run).
 std::string quant_isa();
 void set_quant_isa(const std::string& name);
+// From how many rows the AVX-512 VNNI kernels take 8-bit activations (a scale per 64
+// inputs) instead of 16-bit ones; 0: never. The AMX kernels always keep 16 bits.
+int64_t quant_a8_rows();
+void set_quant_a8_rows(int64_t rows);
 // Pins OpenMP thread t of the calling thread's team to cpus[t] (team size = len(cpus));
 // returns the CPU each thread then ran on (-1 where pinning failed).
 std::vector<int64_t> bind_threads(const std::vector<int64_t>& cpus);

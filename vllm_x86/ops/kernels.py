@@ -1,10 +1,11 @@
 """The plugin's C++ kernels (vllm_x86/csrc), as torch ops: torch.ops.vllm_x86.*.
 
 Loading the extension registers the ops; this module adds their fake (meta)
-implementations so torch.compile can trace through them, applies VLLM_X86_ISA, and
-says which ISA runs. The extension is built at install time (`make install`); if it is
-missing, `available()` is False and `load_error()` says why, and the op table falls
-back to vLLM's own implementations with a warning (ops/registry.py).
+implementations so torch.compile can trace through them, applies VLLM_X86_ISA and
+VLLM_X86_QUANT_A8_ROWS, and says which ISA runs. The extension is built at install time
+(`make install`); if it is missing, `available()` is False and `load_error()` says why,
+and the op table falls back to vLLM's own implementations with a warning
+(ops/registry.py).
 """
 
 from __future__ import annotations
@@ -25,8 +26,27 @@ def _load():
         return None, f"the kernel library is not built ({e}); run `make install`"
     wanted = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
     _C.set_isa(wanted)  # raises with a clear message for an unknown or unsupported ISA
+    _C.set_quant_a8_rows(a8_rows())
     _register_fakes()
     return _C, None
+
+
+def a8_rows() -> int:
+    """VLLM_X86_QUANT_A8_ROWS as a row count (0: never), or a ValueError that says what
+    the setting takes."""
+    from vllm_x86 import envs
+
+    raw = envs.get("VLLM_X86_QUANT_A8_ROWS").strip()
+    try:
+        rows = int(raw)
+    except ValueError:
+        rows = -1
+    if rows < 0:
+        raise ValueError(
+            f"VLLM_X86_QUANT_A8_ROWS={raw!r}: expected a row count (from how many rows the "
+            "INT8/INT4 GEMMs take 8-bit activations on AVX-512 VNNI) or 0 for never"
+        )
+    return rows
 
 
 # The ops' forward_cpu methods ask these while torch.compile traces them (with vLLM's

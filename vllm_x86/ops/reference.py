@@ -167,17 +167,47 @@ def _unblock(t: torch.Tensor, nb: int, k: int) -> torch.Tensor:
     return t.reshape(nb, k // 64, 16, 16, 4).permute(0, 3, 1, 2, 4).reshape(nb * 16, k)
 
 
+def a8_activations(x: torch.Tensor) -> torch.Tensor:
+    """The values the 8-bit-activation kernels (csrc/vnni_gemm.cpp, quant_rows_a8)
+    compute with: each group of 64 inputs of a row rounded (to nearest even) to 8-bit
+    integers with the scale amax / 127 of its group, as float32."""
+    m, k = x.shape
+    g = x.float().view(m, k // 64, 64)
+    s = g.abs().amax(dim=-1, keepdim=True) / 127.0
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return (torch.round(g / s).clamp(-127, 127) * s).view(m, k)
+
+
+def a8_rows() -> int:
+    """From how many rows the INT8/INT4 ops take 8-bit activations now: the AVX-512 VNNI
+    kernels' vllm_x86._C.quant_a8_rows(); 0 (never) on AMX."""
+    import vllm_x86._C as C
+
+    return C.quant_a8_rows() if C.quant_isa() == "avx512_vnni" else 0
+
+
+def takes_a8(rows: int) -> bool:
+    """Whether the INT8/INT4 ops take 8-bit activations for `rows` rows now."""
+    a8 = a8_rows()
+    return a8 > 0 and rows >= a8
+
+
+def _activations(x: torch.Tensor) -> torch.Tensor:
+    return a8_activations(x) if takes_a8(x.shape[0]) else x.float()
+
+
 def int8_w8a16_gemm(
     x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """x [M, K] @ (q * scale)^T (+ bias) in float32, rounded to x's dtype; `w` is the
     packed [N/16, 16 K] int8 weight of quant/methods.pack_int8_w8a16, unpacked here.
     The kernel rounds the activations to 16-bit integers per token; the reference does
-    not (the tests bound the difference)."""
+    not (the tests bound the difference). Where the op takes 8-bit activations
+    (takes_a8), the reference rounds them as the kernel does (a8_activations)."""
     nb, k16 = w.shape
     k = k16 // 16
     q = _unblock(w, nb, k)
-    out = x.float() @ (q.float() * scale.float()[:, None]).t()
+    out = _activations(x) @ (q.float() * scale.float()[:, None]).t()
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype)
@@ -193,7 +223,8 @@ def int4_w4a16_gemm(
 ) -> torch.Tensor:
     """x [M, K] @ ((codes - zero) * scale)^T (+ bias) in float32, rounded to x's dtype;
     `w`, `scale`, `zeros` as quant/methods.pack_int4_w4a16 packs them, unpacked here.
-    As for int8_w8a16_gemm, the kernel's 16-bit activations are not modelled."""
+    As for int8_w8a16_gemm, the kernel's 16-bit activations are not modelled, its
+    8-bit ones are."""
     nb, k8 = w.shape
     k = k8 // 8
     b = w.view(nb, k // 64, 8, 64)
@@ -202,7 +233,7 @@ def int4_w4a16_gemm(
     s = scale.view(nb, g, 16).permute(0, 2, 1).reshape(nb * 16, g)
     z = zeros.view(nb, g, 16).permute(0, 2, 1).reshape(nb * 16, g)
     wd = (q.float().view(-1, g, group_size) - z.float()[..., None]) * s.float()[..., None]
-    out = x.float() @ wd.view(nb * 16, k).t()
+    out = _activations(x) @ wd.view(nb * 16, k).t()
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype)
@@ -218,6 +249,7 @@ def moe_experts(
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
     weight_on_input: bool = False,
+    a8_rows: int = 0,
 ) -> torch.Tensor:
     """Routed MoE experts (quant/moe.run_experts), token by token in float32: for each
     of a token's top-k experts e, act(x @ w13[e]^T)[:I] * (x @ w13[e]^T)[I:] @ w2[e]^T,
@@ -227,21 +259,29 @@ def moe_experts(
     [E, 2I, H] and `w2` [E, H, I] are float weights (the dequantized codes, in the
     quantization tests). Gated activations: silu, gelu (erf), gelu_tanh.
     `weight_on_input` (top-k 1): the routing weight scales the expert's input (rounded
-    to x's dtype) instead of its output."""
+    to x's dtype) instead of its output. `a8_rows` > 0 (quantized experts: a8_rows()):
+    an expert that gets at least that many tokens takes 8-bit activations in both of
+    its GEMMs, as the ops do for that many rows (a8_activations, row by row)."""
     act = {
         "silu": F.silu,
         "gelu": F.gelu,
         "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
     }[activation]
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32)
+    counts = torch.bincount(topk_ids.flatten().long(), minlength=w13.shape[0]).tolist()
+
+    def rounded(v: torch.Tensor, e: int) -> torch.Tensor:
+        return a8_activations(v[None])[0] if 0 < a8_rows <= counts[e] else v
+
     for t in range(x.shape[0]):
         for w, e in zip(topk_weights[t].float(), topk_ids[t].tolist(), strict=True):
             xt = (x[t].float() * w).to(x.dtype).float() if weight_on_input else x[t].float()
+            xt = rounded(xt, e)
             h = w13[e].float() @ xt
             if w13_bias is not None:
                 h = h + w13_bias[e].float()
             gate, up = h.to(x.dtype).float().chunk(2)
-            a = (act(gate) * up).to(x.dtype).float()
+            a = rounded((act(gate) * up).to(x.dtype).float(), e)
             y = w2[e].float() @ a
             if w2_bias is not None:
                 y = y + w2_bias[e].float()

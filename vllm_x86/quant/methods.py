@@ -73,6 +73,18 @@ def quant_isa() -> str | None:
     return None
 
 
+def activations(isa: str | None) -> str:
+    """How the plugin's kernels on `isa` round activations, in words (log, doctor)."""
+    from vllm_x86.ops import kernels
+
+    rows = kernels.a8_rows() if isa == "avx512_vnni" else 0
+    if rows == 0:
+        return "16-bit activations"
+    if rows == 1:
+        return "8-bit activations (a scale per 64 inputs)"
+    return f"16-bit activations below {rows} rows, 8-bit (a scale per 64 inputs) from {rows}"
+
+
 def plugin_kernels_available() -> bool:
     """Whether the plugin's INT8/INT4 kernels (AMX or AVX-512 VNNI) are the ones to use."""
     return quant_isa() is not None
@@ -161,7 +173,9 @@ def check_plugin_kernels() -> None:
         )
     if not _isa_logged:
         _isa_logged = True
-        logger.info("vllm-x86: INT8/INT4 GEMMs run the plugin's %s kernels", isa)
+        logger.info(
+            "vllm-x86: INT8/INT4 GEMMs run the plugin's %s kernels, %s", isa, activations(isa)
+        )
 
 
 def _ops():

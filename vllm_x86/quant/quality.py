@@ -11,7 +11,8 @@ Each variant runs in a fresh process with vLLM's LLM class (eager mode):
   whose 32 tokens are all identical, and the mean share of tokens before the first
   difference.
 Variants: bf16; x86_int8; x86_int4 (group 128, zero points: the defaults); -head: the LM
-head in INT8 too; x86_int8-w8a8 / x86_int4-w4a8: vLLM's kernels (8-bit activations);
+head in INT8 too; -a16: 16-bit activations at every row count (VLLM_X86_QUANT_A8_ROWS=0);
+x86_int8-w8a8 / x86_int4-w4a8: vLLM's kernels (8-bit activations);
 x86_int4-sym (symmetric groups), -g64, -g32; -wo: PyTorch's weight-only kernels on the
 same weights; x86_int4-gptq / x86_int4-rtn-prepacked: a directory `vllm-x86 quantize`
 writes first (GPTQ / round-to-nearest codes), served as it is. Prints a markdown table;
@@ -34,6 +35,10 @@ VARIANTS: dict[str, tuple[str | None, dict[str, str]]] = {
     "bf16": (None, {}),
     "x86_int8": ("x86_int8", {}),
     "x86_int8-head": ("x86_int8", {"VLLM_X86_QUANT_LM_HEAD": "1"}),
+    # 16-bit activations at every row count (without AMX, 8-bit ones from
+    # VLLM_X86_QUANT_A8_ROWS rows are the default)
+    "x86_int8-a16": ("x86_int8", {"VLLM_X86_QUANT_A8_ROWS": "0"}),
+    "x86_int4-a16": ("x86_int4", {"VLLM_X86_QUANT_A8_ROWS": "0"}),
     # vLLM CPU's AMX-INT8 kernel: activations quantized to 8 bits per token
     "x86_int8-w8a8": ("x86_int8", {"VLLM_X86_QUANT_KERNEL": "vllm"}),
     "x86_int4-w4a8": ("x86_int4", {"VLLM_X86_QUANT_KERNEL": "vllm"}),
