@@ -2,7 +2,8 @@
 // (AMD Zen 4 and later, Intel Ice Lake / Cascade Lake): same packed weights, same
 // activation split (split_rows: 16-bit integers as a signed hi and lo byte per input),
 // same int32 sums and the same float32 epilogue in the same order, so the output is
-// bit-identical to the AMX kernel's.
+// bit-identical to the AMX kernel's. From VLLM_X86_QUANT_A8_ROWS rows (ops.cpp decides)
+// the 8-bit-activation GEMMs at the end of this file run instead: not bit-identical.
 //
 // The packed block row [16 channels][4 inputs] (64 bytes) is one zmm in the order
 // vpdpbusd wants: lane n gets the dot product of its channel's 4 weights with 4 inputs
@@ -18,8 +19,9 @@
 // 2 accumulators (hi, lo) per token and block, 16 zmm. A single token (decode of one
 // request, or the last of an odd count) goes one block at a time, so the weights stream
 // in memory order (one token, 4 blocks side by side read 20 GB/s on one core; block by
-// block 30-35). With more than 2 tokens (prefill), INT4 blocks are first expanded to
-// bytes once into a per-thread buffer and every pair of tokens reads them there (L2).
+// block 30-35). From VX_EXPAND_ROWS tokens (prefill), INT4 blocks are first expanded to
+// bytes once into a per-thread buffer and every pair of tokens reads them there (L2);
+// fewer tokens unpack the nibbles in registers.
 #include <immintrin.h>
 
 #include <cmath>
@@ -311,7 +313,7 @@ void gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k, int64_t gr
 // ---- A8: activations in 8 bits, a scale per token and group of 64 inputs ----
 //
 // The 16-bit activations above cost two vpdpbusd per 4 inputs (hi and lo byte): the
-// same instruction count per multiply-add as bf16's vdpbf16ps, so from about 32 rows
+// same instruction count per multiply-add as bf16's vdpbf16ps, so from about 16 rows
 // the kernels run at bf16's compute rate. With 8-bit activations one vpdpbusd does.
 // A scale per 64 inputs (not per token) keeps the rounding local: an outlier coarsens
 // only its own group (on the default model: +0.65 % perplexity against bf16 for INT8,
