@@ -33,15 +33,6 @@ def _rel(y, ref) -> float:
     return float((y.float() - ref).norm() / ref.norm())
 
 
-def _kernel_x(x: torch.Tensor) -> torch.Tensor:
-    """The activations the plugin's INT8/INT4 ops compute with for x's rows, as float32:
-    x (16-bit activations; their rounding is below the tests' tolerance) or, where the op
-    takes 8-bit ones (VNNI kernels from VLLM_X86_QUANT_A8_ROWS rows), their rounding."""
-    from vllm_x86.ops import reference
-
-    return reference.a8_activations(x) if reference.takes_a8(x.shape[0]) else x.float()
-
-
 def _act_quant(x: torch.Tensor) -> torch.Tensor:
     s = x.float().abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0
     return torch.round(x.float() / s).clamp(-127, 127) * s
@@ -116,6 +107,8 @@ def test_effective_group_size_falls_back_for_576():
 @pytest.mark.parametrize("rows", ROWS + ODD_ROWS)
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_int8_amx_kernel_matches_reference(n, k, rows):
+    from vllm_x86.ops import reference
+
     w, x = _data(n, k, rows)
     x[0, 5] = 60.0  # an outlier sets the row's 16-bit step
     layer = _layer(w, m.X86Int8Linear(_Cfg()))
@@ -124,7 +117,7 @@ def test_int8_amx_kernel_matches_reference(n, k, rows):
     q, scale = m.quantize_int8(w)
     wd = m.dequantize_int8(q, scale)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
-    assert _rel(y, _kernel_x(x) @ wd.t()) < 5e-3
+    assert _rel(y, reference.kernel_activations(x) @ wd.t()) < 5e-3
     assert _rel(y, x.float() @ wd.t()) < 2e-2  # 8-bit activations included
 
 
@@ -172,46 +165,6 @@ def test_vnni_kernels_equal_the_amx_kernels_bit_for_bit(rows):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
-@needs_quant_kernels
-@pytest.mark.parametrize("rows", [1, 2, 3, 5])
-@pytest.mark.parametrize("n", [16, 32, 48, 80, 112])
-def test_quantized_kernels_on_ragged_channel_blocks(n, rows):
-    """The kernels take 4 blocks of 16 channels a step and 1 or 2 tokens (VNNI) or 8
-    (AMX): every remainder of channel blocks (1, 2, 3) and of tokens against the
-    float32 reference, INT8 and INT4 with and without zero points, with bias."""
-    from vllm_x86.ops import reference
-
-    m.check_plugin_kernels()
-    k = 256
-    w, x = _data(n, k, rows, seed=n + rows)
-    bias = torch.randn(n)
-    q, scale = m.quantize_int8(w)
-    packed = m.pack_int8_w8a16(q)
-    y = torch.ops.vllm_x86.int8_w8a16_gemm(x, packed, scale, bias)
-    assert _rel(y, reference.int8_w8a16_gemm(x, packed, scale, bias).float()) < 5e-3
-    for group, zp in ((64, True), (128, False)):
-        p4 = m.pack_int4_w4a16(*m.quantize_int4(w, group, zp))
-        y = torch.ops.vllm_x86.int4_w4a16_gemm(x, *p4, group, bias)
-        assert _rel(y, reference.int4_w4a16_gemm(x, *p4, group, bias).float()) < 5e-3
-
-
-@pytest.fixture
-def vnni_a8():
-    """The AVX-512 VNNI kernels with 8-bit activations from 4 rows (the default), also on
-    a CPU with AMX; both settings restored afterwards."""
-    import vllm_x86._C as C
-
-    if not _vnni():
-        pytest.skip("the 8-bit-activation kernels need AVX-512 VNNI")
-    m.check_plugin_kernels()
-    isa, rows = C.quant_isa(), C.quant_a8_rows()
-    C.set_quant_isa("avx512_vnni")
-    C.set_quant_a8_rows(4)
-    yield C
-    C.set_quant_isa(isa)
-    C.set_quant_a8_rows(rows)
-
-
 def _int_ops(x, w, bias):
     """The INT8 op and the INT4 op (groups of 64 with zero points, 128 without) on x."""
     q, scale = m.quantize_int8(w)
@@ -232,6 +185,38 @@ def _int_refs(x, w, bias):
         p4 = m.pack_int4_w4a16(*m.quantize_int4(w, group, zp))
         refs.append(reference.int4_w4a16_gemm(x, *p4, group, bias))
     return refs
+
+
+@needs_quant_kernels
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+@pytest.mark.parametrize("n", [16, 32, 48, 80, 112])
+def test_quantized_kernels_on_ragged_channel_blocks(n, rows):
+    """The kernels take 4 blocks of 16 channels a step and 1 or 2 tokens (VNNI) or 8
+    (AMX): every remainder of channel blocks (1, 2, 3) and of tokens against the
+    float32 reference, INT8 and INT4 with and without zero points, with bias."""
+    m.check_plugin_kernels()
+    k = 256
+    w, x = _data(n, k, rows, seed=n + rows)
+    bias = torch.randn(n)
+    for y, ref in zip(_int_ops(x, w, bias), _int_refs(x, w, bias), strict=True):
+        assert _rel(y, ref.float()) < 5e-3
+
+
+@pytest.fixture
+def vnni_a8():
+    """The AVX-512 VNNI kernels with 8-bit activations from 4 rows (the default), also on
+    a CPU with AMX; both settings restored afterwards."""
+    import vllm_x86._C as C
+
+    if not _vnni():
+        pytest.skip("the 8-bit-activation kernels need AVX-512 VNNI")
+    m.check_plugin_kernels()
+    isa, rows = C.quant_isa(), C.quant_a8_rows()
+    C.set_quant_isa("avx512_vnni")
+    C.set_quant_a8_rows(4)
+    yield C
+    C.set_quant_isa(isa)
+    C.set_quant_a8_rows(rows)
 
 
 @pytest.mark.parametrize("rows", [4, 5, 6, 7, 8, 17, 64, 100])
@@ -377,6 +362,8 @@ def test_int8_amx_kernel_bias():
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("rows", ROWS)
 def test_int4_amx_kernel_matches_reference(rows, group, zero_point):
+    from vllm_x86.ops import reference
+
     n, k = 1024, 1024
     w, x = _data(n, k, rows)
     cfg = _Cfg(group, zero_point)
@@ -386,7 +373,7 @@ def test_int4_amx_kernel_matches_reference(rows, group, zero_point):
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
     if group >= 64:  # the plugin's kernel, 16-bit activations (8-bit for batches, VNNI)
         assert layer.x86_kernel == "w4a16"
-        assert _rel(y, _kernel_x(x) @ wd.t()) < 5e-3
+        assert _rel(y, reference.kernel_activations(x) @ wd.t()) < 5e-3
         assert _rel(y, x.float() @ wd.t()) < 2e-2
     elif not AMX:  # vLLM's kernel needs AMX: PyTorch's weight-only kernel
         assert layer.x86_kernel == "torch"

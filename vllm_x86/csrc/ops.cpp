@@ -410,6 +410,19 @@ A8Rows quant_activations_a8(const at::Tensor& x) {
   return r;
 }
 
+// An A8 GEMM of x over nblocks channel blocks: activations rounded once, then
+// gemm(a, ascale, asum, nb_begin, nb_end) on torch's threads in units of 4 blocks.
+template <typename Gemm>
+void run_a8(const at::Tensor& x, int64_t nblocks, const Gemm& gemm) {
+  A8Rows a = quant_activations_a8(x);
+  const auto* ap = a.a.data_ptr<int8_t>();
+  const float* asp = a.scale.data_ptr<float>();
+  const auto* aup = a.sum.data_ptr<int32_t>();
+  at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t b, int64_t e) {
+    gemm(ap, asp, aup, b * 4, std::min(e * 4, nblocks));
+  });
+}
+
 SplitRows split_activations(const at::Tensor& x, const char* op) {
   check_activations(x, op);
   const int64_t m = x.size(0), k = x.size(1);
@@ -457,13 +470,9 @@ at::Tensor int8_w8a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::T
   const float* sp = scale.data_ptr<float>();
   auto* op_ = reinterpret_cast<uint16_t*>(out.data_ptr());
   if (use_a8(m)) {
-    A8Rows a = quant_activations_a8(x);
-    const auto* ap = a.a.data_ptr<int8_t>();
-    const float* asp = a.scale.data_ptr<float>();
-    const auto* aup = a.sum.data_ptr<int32_t>();
-    at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t b, int64_t e) {
-      vnni::int8_w8a8_gemm(ap, asp, aup, m, k, wp, sp, bp, op_, n, b * 4,
-                           std::min(e * 4, nblocks));
+    run_a8(x, nblocks, [&](const int8_t* ap, const float* asp, const int32_t* aup, int64_t b,
+                           int64_t e) {
+      vnni::int8_w8a8_gemm(ap, asp, aup, m, k, wp, sp, bp, op_, n, b, e);
     });
     return out;
   }
@@ -511,13 +520,9 @@ at::Tensor int4_w4a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::T
   const auto* zp = zeros.data_ptr<uint8_t>();
   auto* op_ = reinterpret_cast<uint16_t*>(out.data_ptr());
   if (use_a8(m)) {
-    A8Rows a = quant_activations_a8(x);
-    const auto* ap = a.a.data_ptr<int8_t>();
-    const float* asp = a.scale.data_ptr<float>();
-    const auto* aup = a.sum.data_ptr<int32_t>();
-    at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t b, int64_t e) {
-      vnni::int4_w4a8_gemm(ap, asp, aup, m, k, group_size, wp, sp, zp, bp, op_, n, b * 4,
-                           std::min(e * 4, nblocks));
+    run_a8(x, nblocks, [&](const int8_t* ap, const float* asp, const int32_t* aup, int64_t b,
+                           int64_t e) {
+      vnni::int4_w4a8_gemm(ap, asp, aup, m, k, group_size, wp, sp, zp, bp, op_, n, b, e);
     });
     return out;
   }

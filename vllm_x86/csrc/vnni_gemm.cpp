@@ -211,6 +211,32 @@ inline void dot_nj(int nj, const uint8_t* const* blk, int64_t stride, int64_t nk
   }
 }
 
+// A 64-byte-aligned per-thread buffer for 4 channel blocks of expanded INT4 bytes
+// (kb_n input blocks of 1024 bytes each).
+uint8_t* expand_buffer(int64_t kb_n) {
+  thread_local std::vector<uint8_t> buf;
+  const size_t need = static_cast<size_t>(4 * kb_n * 1024 + 64);
+  if (buf.size() < need) buf.resize(need);
+  auto addr = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<uint8_t*>((addr + 63) & ~static_cast<uintptr_t>(63));
+}
+
+// blk[j]: where channel block nb0 + j (j < nj) starts, packed in w or, with `bytes`,
+// first expanded there from INT4 to bytes. Returns the stride between input blocks.
+int64_t block_pointers(const uint8_t* w, int64_t k_block, int64_t kb_n, int64_t nb0, int nj,
+                       uint8_t* bytes, const uint8_t** blk) {
+  for (int j = 0; j < nj; ++j) {
+    if (bytes) {
+      for (int64_t kb = 0; kb < kb_n; ++kb)
+        expand_int4_block(w + ((nb0 + j) * kb_n + kb) * k_block, bytes + (j * kb_n + kb) * 1024);
+      blk[j] = bytes + j * kb_n * 1024;
+    } else {
+      blk[j] = w + (nb0 + j) * kb_n * k_block;
+    }
+  }
+  return bytes ? 1024 : k_block;
+}
+
 template <bool kInt4>
 void gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k, int64_t group,
           const void* w, const float* wscale, const uint8_t* wzero, const float* bias,
@@ -220,17 +246,10 @@ void gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k, int64_t gr
   const auto* wb = static_cast<const uint8_t*>(w);
   const bool expand = kInt4 && m >= VX_EXPAND_ROWS;
   thread_local std::vector<int32_t> sums_buf;
-  thread_local std::vector<uint8_t> bytes_buf;
   if (sums_buf.size() < static_cast<size_t>(m * g_n * 2)) sums_buf.resize(m * g_n * 2);
   int32_t* sums = sums_buf.data();
   group_sums(a, m, k, group, sums);
-  uint8_t* bytes = nullptr;
-  if (expand) {
-    const size_t need = static_cast<size_t>(4 * kb_n * 1024 + 64);
-    if (bytes_buf.size() < need) bytes_buf.resize(need);
-    auto addr = reinterpret_cast<uintptr_t>(bytes_buf.data());
-    bytes = reinterpret_cast<uint8_t*>((addr + 63) & ~static_cast<uintptr_t>(63));
-  }
+  uint8_t* bytes = expand ? expand_buffer(kb_n) : nullptr;
   const __m512 k256 = _mm512_set1_ps(256.f);
   const __m512i k128 = _mm512_set1_epi32(128);
   alignas(64) float facc[2][4][16];
@@ -238,16 +257,7 @@ void gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k, int64_t gr
   for (int64_t nb0 = nb_begin; nb0 < nb_end; nb0 += 4) {
     const int nj = static_cast<int>(nb_end - nb0 < 4 ? nb_end - nb0 : 4);
     const uint8_t* blk0[4];
-    for (int j = 0; j < nj; ++j) {
-      if (expand) {
-        for (int64_t kb = 0; kb < kb_n; ++kb)
-          expand_int4_block(wb + ((nb0 + j) * kb_n + kb) * kBlock, bytes + (j * kb_n + kb) * 1024);
-        blk0[j] = bytes + j * kb_n * 1024;
-      } else {
-        blk0[j] = wb + (nb0 + j) * kb_n * kBlock;
-      }
-    }
-    const int64_t stride = expand ? 1024 : kBlock;
+    const int64_t stride = block_pointers(wb, kBlock, kb_n, nb0, nj, bytes, blk0);
     for (int64_t t0 = 0; t0 < m; t0 += 2) {
       const int nt = static_cast<int>(m - t0 < 2 ? m - t0 : 2);
       const int8_t* hi[2] = {a + 2 * t0 * k, a + 2 * (t0 + nt - 1) * k};
@@ -498,6 +508,22 @@ inline void tail8(int64_t rest, int nj, const uint8_t* const* blk, int64_t strid
 #undef VX_TAIL8
 }
 
+// Every token of channel blocks nb0 .. nb0 + nj - 1: tiles of VX_A8_TOKENS, then the tail.
+template <bool kInt4, int S>
+inline void tiles8(int64_t m, int nj, const uint8_t* const* blk, int64_t stride, int64_t kb_n,
+                   int64_t kb_per_wg, int64_t g_n, const int8_t* a, const float* ascale,
+                   const int32_t* asum, int64_t k, int64_t nb0, const float* wscale,
+                   const uint8_t* wzero, const float* bias, uint16_t* out, int64_t ldo) {
+  constexpr int kT = VX_A8_TOKENS;
+  static_assert(kT == 4, "tail8 takes the last 1 to 3 tokens");
+  int64_t t0 = 0;
+  for (; t0 + kT <= m; t0 += kT)
+    tile8_nj<kInt4, S, kT>(nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, t0, nb0,
+                           wscale, wzero, bias, out, ldo);
+  tail8<kInt4, S>(m - t0, nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, t0, nb0,
+                  wscale, wzero, bias, out, ldo);
+}
+
 template <bool kInt4>
 void gemm_a8(const int8_t* a, const float* ascale, const int32_t* asum, int64_t m, int64_t k,
              int64_t group, const void* w, const float* wscale, const uint8_t* wzero,
@@ -506,44 +532,17 @@ void gemm_a8(const int8_t* a, const float* ascale, const int32_t* asum, int64_t 
   constexpr int64_t kBlock = kInt4 ? 512 : 1024;
   const auto* wb = static_cast<const uint8_t*>(w);
   const bool expand = kInt4 && m >= VX_EXPAND_ROWS_A8;
-  thread_local std::vector<uint8_t> bytes_buf;
-  uint8_t* bytes = nullptr;
-  if (expand) {
-    const size_t need = static_cast<size_t>(4 * kb_n * 1024 + 64);
-    if (bytes_buf.size() < need) bytes_buf.resize(need);
-    auto addr = reinterpret_cast<uintptr_t>(bytes_buf.data());
-    bytes = reinterpret_cast<uint8_t*>((addr + 63) & ~static_cast<uintptr_t>(63));
-  }
-  constexpr int kT = VX_A8_TOKENS;
-  static_assert(kT == 4, "tail8 takes the last 1 to 3 tokens");
+  uint8_t* bytes = expand ? expand_buffer(kb_n) : nullptr;
   for (int64_t nb0 = nb_begin; nb0 < nb_end; nb0 += 4) {
     const int nj = static_cast<int>(nb_end - nb0 < 4 ? nb_end - nb0 : 4);
     const uint8_t* blk[4];
-    for (int j = 0; j < nj; ++j) {
-      if (expand) {
-        for (int64_t kb = 0; kb < kb_n; ++kb)
-          expand_int4_block(wb + ((nb0 + j) * kb_n + kb) * kBlock, bytes + (j * kb_n + kb) * 1024);
-        blk[j] = bytes + j * kb_n * 1024;
-      } else {
-        blk[j] = wb + (nb0 + j) * kb_n * kBlock;
-      }
-    }
-    const int64_t stride = expand ? 1024 : kBlock;
-    int64_t t0 = 0;
-    if (expand) {
-      for (; t0 + kT <= m; t0 += kT)
-        tile8_nj<kInt4, kBytes, kT>(nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, t0,
-                                    nb0, wscale, wzero, bias, out, ldo);
-      tail8<kInt4, kBytes>(m - t0, nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, t0,
-                           nb0, wscale, wzero, bias, out, ldo);
-    } else {
-      constexpr int S = kInt4 ? kRaw4 : kRaw8;
-      for (; t0 + kT <= m; t0 += kT)
-        tile8_nj<kInt4, S, kT>(nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, t0, nb0,
-                               wscale, wzero, bias, out, ldo);
-      tail8<kInt4, S>(m - t0, nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, t0, nb0,
-                      wscale, wzero, bias, out, ldo);
-    }
+    const int64_t stride = block_pointers(wb, kBlock, kb_n, nb0, nj, bytes, blk);
+    if (expand)
+      tiles8<kInt4, kBytes>(m, nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, nb0,
+                            wscale, wzero, bias, out, ldo);
+    else
+      tiles8<kInt4, kInt4 ? kRaw4 : kRaw8>(m, nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale,
+                                           asum, k, nb0, wscale, wzero, bias, out, ldo);
   }
 }
 

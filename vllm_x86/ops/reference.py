@@ -192,7 +192,9 @@ def takes_a8(rows: int) -> bool:
     return a8 > 0 and rows >= a8
 
 
-def _activations(x: torch.Tensor) -> torch.Tensor:
+def kernel_activations(x: torch.Tensor) -> torch.Tensor:
+    """The activations the INT8/INT4 ops compute with for x's rows now, as float32: x
+    (their 16-bit rounding is not modelled) or, where they take 8-bit ones, a8_activations."""
     return a8_activations(x) if takes_a8(x.shape[0]) else x.float()
 
 
@@ -207,7 +209,7 @@ def int8_w8a16_gemm(
     nb, k16 = w.shape
     k = k16 // 16
     q = _unblock(w, nb, k)
-    out = _activations(x) @ (q.float() * scale.float()[:, None]).t()
+    out = kernel_activations(x) @ (q.float() * scale.float()[:, None]).t()
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype)
@@ -233,7 +235,7 @@ def int4_w4a16_gemm(
     s = scale.view(nb, g, 16).permute(0, 2, 1).reshape(nb * 16, g)
     z = zeros.view(nb, g, 16).permute(0, 2, 1).reshape(nb * 16, g)
     wd = (q.float().view(-1, g, group_size) - z.float()[..., None]) * s.float()[..., None]
-    out = _activations(x) @ wd.view(nb * 16, k).t()
+    out = kernel_activations(x) @ wd.view(nb * 16, k).t()
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype)
