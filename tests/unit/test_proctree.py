@@ -41,3 +41,37 @@ def test_cpu_used_before_monitoring_is_not_the_trees():
     finally:
         p.kill()
         p.wait()
+
+
+def test_no_pss_read_inside_a_timed_section():
+    """Reading PSS walks the tree's page tables (tens of ms of CPU for a served model):
+    inside quiet() the monitor reads only CPU and RSS, and one PSS sample follows."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with TreeMonitor(p.pid, interval=0.02) as m:
+            time.sleep(0.2)
+            assert m.pss_samples > 0  # outside a section it reads PSS
+            with m.quiet():
+                before, samples = m.pss_samples, m.samples
+                time.sleep(0.3)
+                assert m.pss_samples == before
+                assert m.samples > samples  # still sampling CPU and RSS
+            assert m.pss_samples >= before + 1  # the sample right after the section
+        r = m.result()
+        assert r["peak_pss_mib"] > 1 and r["peak_rss_mib"] >= r["peak_pss_mib"]
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_cpu_only_monitor_reports_no_pss():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with TreeMonitor(p.pid, interval=0.02, pss=False) as m:
+            time.sleep(0.2)
+        r = m.result()
+        assert r["pss_samples"] == 0 and r["peak_pss_mib"] is None
+        assert r["memory_samples"] > 3 and r["peak_rss_mib"] > 1
+    finally:
+        p.kill()
+        p.wait()

@@ -66,7 +66,9 @@ def measure_llamacpp(
             cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
         )
         try:
-            with TreeMonitor(proc.pid) as sampler:
+            # PSS from the child itself, read after its timed work (proctree: reading it
+            # costs the CPU being timed)
+            with TreeMonitor(proc.pid, pss=False) as sampler:
                 out, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise BenchError(f"llama.cpp did not finish in {timeout_s:.0f} s") from None
@@ -84,6 +86,7 @@ def measure_llamacpp(
     result.update(sampler.result())
     # the child's own figures are exact even if it exited between two samples
     result["peak_rss_mib"] = max(result["peak_rss_mib"], result.pop("self_peak_rss_mib"))
+    result["peak_pss_mib"] = result.pop("self_pss_mib")
     missed_cpu = result.pop("self_cpu_s") - result["tree_cpu_s"]
     if missed_cpu > 0 and result.get("other_cpu_pct") is not None and result["monitored_s"]:
         result["other_cpu_pct"] = max(
@@ -164,11 +167,23 @@ def _child(args: argparse.Namespace) -> dict:
     m["not_applicable"] = {f"decode_{c}_tok_s": NOT_APPLICABLE for c in w.concurrency if c > 1}
     m["threads"] = args.threads
     m["raw"] = raw
+    m["self_pss_mib"] = _own_pss_mib()  # the model still loaded: its largest
     llm.close()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     m["self_peak_rss_mib"] = usage.ru_maxrss / 1024
     m["self_cpu_s"] = usage.ru_utime + usage.ru_stime
     return m
+
+
+def _own_pss_mib() -> float | None:
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -200,13 +200,23 @@ def relative_times(r: dict, t0: float) -> dict:
     return out
 
 
-async def _drive(srv: _Server, t_launch: float, prompts: PromptSet, w: Workload, timeout_s: float):
+async def _drive(
+    srv: _Server,
+    t_launch: float,
+    prompts: PromptSet,
+    w: Workload,
+    timeout_s: float,
+    sampler: TreeMonitor,
+):
+    """The workload against a started server; every timed section inside
+    ``sampler.quiet()`` (no PSS read while it runs, proctree)."""
     limits = httpx.Limits(max_connections=max(w.concurrency) + 8)
     async with httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_s, connect=5.0), limits=limits
     ) as client:
-        t_ready = await _wait_ready(client, srv, t_launch + timeout_s)
-        first = await stream_completion(client, srv.base, prompts.warmup, 1)
+        with sampler.quiet():
+            t_ready = await _wait_ready(client, srv, t_launch + timeout_s)
+            first = await stream_completion(client, srv.base, prompts.warmup, 1)
         raw: dict = {"first_request": relative_times(first, t_launch)}
         m: dict = {"ready_s": t_ready - t_launch, "startup_s": first["t_first"] - t_launch}
 
@@ -216,17 +226,22 @@ async def _drive(srv: _Server, t_launch: float, prompts: PromptSet, w: Workload,
         )
 
         ttft = []
-        for p in prompts.ttft:
-            r = await stream_completion(client, srv.base, p, 1)
-            ttft.append(r["t_first"] - r["t_send"])
+        with sampler.quiet():
+            for p in prompts.ttft:
+                r = await stream_completion(client, srv.base, p, 1)
+                ttft.append(r["t_first"] - r["t_send"])
         raw["ttft_s"] = ttft
         m["ttft_s"] = statistics.median(ttft)
         m["prefill_tok_s"] = w.prompt_tokens / m["ttft_s"]
 
         for c in w.concurrency:
-            reqs = await asyncio.gather(
-                *(stream_completion(client, srv.base, p, w.new_tokens) for p in prompts.decode[:c])
-            )
+            with sampler.quiet():
+                reqs = await asyncio.gather(
+                    *(
+                        stream_completion(client, srv.base, p, w.new_tokens)
+                        for p in prompts.decode[:c]
+                    )
+                )
             b = summarize_batch(list(reqs), t_launch)
             m[f"decode_{c}_tok_s"] = b["tok_s"]
             raw[f"decode_{c}"] = b
@@ -261,7 +276,7 @@ def measure_server(
         sampler = TreeMonitor(proc.pid)
         try:
             with sampler:
-                metrics, raw = asyncio.run(_drive(srv, t_launch, prompts, w, timeout_s))
+                metrics, raw = asyncio.run(_drive(srv, t_launch, prompts, w, timeout_s, sampler))
         except (httpx.HTTPError, OSError) as e:
             if proc.poll() is not None:
                 raise srv.died() from None

@@ -260,7 +260,8 @@ def measure(kind: str, model: Path, ns, log_path: Path, cache_root: Path | None,
         )
         watch = LogWatch(watch_path, t0)
         watch.start()
-        monitor = TreeMonitor(root or proc.pid, interval=0.1)
+        # CPU only: reading PSS would take CPU from the start being timed (proctree)
+        monitor = TreeMonitor(root or proc.pid, interval=0.1, pss=False)
         try:
             with monitor:
                 t_ready, t_first, text = asyncio.run(
