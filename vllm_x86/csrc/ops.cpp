@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -430,8 +431,9 @@ SplitRows split_activations(const at::Tensor& x, const char* op) {
   r.rows = (2 * m + 15) / 16 * 16;
   r.a = at::empty({r.rows, k}, x.options().dtype(at::kChar));
   r.scale = at::empty({r.rows / 2}, x.options().dtype(at::kFloat));
-  if (r.rows != 2 * m) r.a.narrow(0, 2 * m, r.rows - 2 * m).zero_();
   auto* ap = r.a.data_ptr<int8_t>();
+  // the padding rows: a memset, not a tensor op (an op dispatch per GEMM call at decode)
+  if (r.rows != 2 * m) std::memset(ap + 2 * m * k, 0, (r.rows - 2 * m) * k);
   auto* sp = r.scale.data_ptr<float>();
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const int64_t ldx = x.stride(0);
