@@ -463,6 +463,7 @@ def test_olmo_hybrid_tiny_checkpoint_has_the_released_layout(tmp_path):
     assert torch.equal(conv[:key_dim], q) and torch.equal(conv[2 * key_dim :], v)
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_prefix_lm_reference_makes_the_prompt_one_bidirectional_block(tmp_path):
     """HRM-Text (config prefix_lm: true): vLLM makes every prompt one bidirectional
     block, transformers does when given token_type_ids; the reference gives them, so

@@ -231,6 +231,7 @@ def test_permute_qk_matches_llama_cpp_layout():
     assert permute_qk(np.arange(16.0).reshape(8, 2), 2).shape == (8, 2)
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_gguf_export_of_tiny_model(tiny_model, tmp_path):
     import gguf
 

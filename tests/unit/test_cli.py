@@ -20,6 +20,7 @@ def cli(*args: str, timeout: float = 120, **env) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_doctor_prints_isa_flags_and_choices():
     p = cli("doctor")
     assert p.returncode == 0, p.stderr
@@ -51,6 +52,7 @@ def test_doctor_prints_isa_flags_and_choices():
     assert got["isa"] is None and "VLLM_X86_QUANT_KERNEL=torch" in got["kernels"]
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_doctor_json_and_disable():
     p = cli("doctor", "--json", VLLM_X86_DISABLE="1")
     assert p.returncode == 0, p.stderr

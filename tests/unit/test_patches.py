@@ -30,6 +30,7 @@ def torchvision_missing() -> None:
         pytest.skip("torchvision is installed here: the patch steps aside")
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_qwen2_vl_image_processing_served_without_torchvision(torchvision_missing):
     out = run(
         """
@@ -81,6 +82,7 @@ def test_hook_steps_aside_when_torchvision_is_available():
         patches._torchvision_available = orig
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_vllm_qwen3_5_model_file_imports(torchvision_missing):
     out = run(
         """
@@ -159,6 +161,7 @@ def _frontend(default_model, **env) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_frontend_warmup_makes_the_pool_copies_later_in_serve(default_model):
     """In `vllm-x86 serve` the pool is built without its copies; the background task
     adds exactly the copies vLLM would have made and fills vLLM's template cache."""
@@ -171,6 +174,7 @@ def test_frontend_warmup_makes_the_pool_copies_later_in_serve(default_model):
     assert "template cached as vLLM finds it: True" in out
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 @pytest.mark.parametrize("env", [{}, {"VLLM_X86_CLI": "serve", "VLLM_X86_FRONTEND_WARMUP": "0"}])
 def test_frontend_warmup_elsewhere_keeps_vllms_copies_up_front(default_model, env):
     out = _frontend(default_model, **env)
@@ -178,6 +182,7 @@ def test_frontend_warmup_elsewhere_keeps_vllms_copies_up_front(default_model, en
     assert "copies after: 2" in out  # nothing owed, nothing added
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_tied_embedding_weight_gets_one_gemm():
     """Two layers sharing a weight Parameter (an input embedding and its tied LM head)
     get one prepared GEMM; an untied layer and remove_weight=True go to vLLM as before."""

@@ -44,6 +44,7 @@ def model(default_model):
     return default_model
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_plugin_defaults(model):
     from vllm_x86.defaults import choose_threads
 
@@ -56,24 +57,28 @@ def test_plugin_defaults(model):
     assert "vllm-x86: KV cache" in c["log"]
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_user_kv_cache_space_wins(model):
     c = config(model, VLLM_CPU_KVCACHE_SPACE="3")
     assert c["kv_bytes"] == 3 << 30
     assert "KV cache from VLLM_CPU_KVCACHE_SPACE=3" in c["log"]
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_user_gpu_memory_utilization_wins(model):
     c = config(model, {"gpu_memory_utilization": 0.3})
     assert c["kv_bytes"] is None
     assert "--gpu-memory-utilization=0.3" in c["log"]
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_user_thread_binding_wins(model):
     c = config(model, VLLM_CPU_OMP_THREADS_BIND="0")
     assert c["bind"] == "0"
     assert "thread layout from your settings" in c["log"]
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_disabled_plugin_leaves_stock_config(model):
     c = config(model, VLLM_X86_DISABLE="1")
     assert c["worker_cls"] == "vllm.v1.worker.cpu_worker.CPUWorker"
@@ -81,6 +86,7 @@ def test_disabled_plugin_leaves_stock_config(model):
     assert c["bind"] is None
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 @pytest.mark.parametrize("fork", ["1", "0"])
 def test_serve_forks_the_engine_from_a_frozen_heap(model, fork):
     """In `vllm-x86 serve` with fork, the server freezes its gc heap before the engine

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from tests.conftest import PYTHON, clean_env
 
 WHICH_PLATFORM = (
@@ -26,10 +28,12 @@ def _platform(**env) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_vllm_selects_the_plugin():
     assert _platform() == "PLATFORM vllm_x86.platform X86Platform True"
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_disable_gives_stock_vllm_cpu():
     assert _platform(VLLM_X86_DISABLE="1") == "PLATFORM vllm.platforms.cpu CpuPlatform True"
 
