@@ -275,7 +275,9 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 def cmd_demo(ns: argparse.Namespace) -> int:
     from vllm_x86.demo import run_demo
 
-    return run_demo(question=ns.question, port=ns.port, max_tokens=ns.max_tokens)
+    return run_demo(
+        question=ns.question, port=ns.port, max_tokens=ns.max_tokens, compiled=ns.compiled
+    )
 
 
 # ----------------------------------------------------------------------------- bench
@@ -426,12 +428,19 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="pull, serve, ask one question, print the answer and speed, stop",
         description="The whole job end to end: pull the default model, start "
-        "the server on a free loopback port, ask it a question, print the "
-        "answer and tokens/s, and stop the server.",
+        "the server (eager unless --compiled) on a free loopback port, ask it a "
+        "question, print the answer and tokens/s, and stop the server.",
     )
     dm.add_argument("--question", default="What is the capital of France?")
     dm.add_argument("--port", type=int, default=0, help="(default: a free port)")
     dm.add_argument("--max-tokens", type=int, default=64)
+    dm.add_argument(
+        "--compiled",
+        action="store_true",
+        help="serve in vLLM's compiled mode (the first start compiles the model, over a "
+        "minute on a small CPU; later starts load it from the cache). Default: eager, "
+        "which starts in seconds",
+    )
 
     from vllm_x86.bench.harness import add_arguments as add_bench_arguments
 

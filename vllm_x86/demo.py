@@ -3,6 +3,12 @@
 Pull the default model, start `vllm-x86 serve` on a free loopback port, wait until it
 is ready (showing progress), ask one question through the OpenAI API, print the
 answer and the decode speed, and stop the server, whatever happens.
+
+The server runs eagerly (`--enforce-eager`) unless `--compiled` is given: an eager
+start takes seconds where a first compiled start compiles the model for over a minute
+on a small CPU (docs/startup.md), and the plugin's eager bf16 gives transformers'
+greedy answer to the default question on every CPU measured, while compiled bf16 takes
+the other side of a near tie on the AMD EPYC (tests/models/test_default_model_parity.py).
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def run_demo(question: str, port: int = 0, max_tokens: int = 64) -> int:
+def run_demo(question: str, port: int = 0, max_tokens: int = 64, compiled: bool = False) -> int:
     import openai
 
     from vllm_x86.cli import chat_once
@@ -72,10 +78,18 @@ def run_demo(question: str, port: int = 0, max_tokens: int = 64) -> int:
     port = port or free_port()
     base = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile(prefix="vllm-x86-demo-", suffix=".log", delete=False)
-    print(f"[demo] 2/4 start the server on {base} (log: {log.name})", file=sys.stderr, flush=True)
+    mode = "compiled (the first start compiles the model)" if compiled else "eager"
+    print(
+        f"[demo] 2/4 start the server on {base}, {mode} (log: {log.name})",
+        file=sys.stderr,
+        flush=True,
+    )
     t_start = time.monotonic()
+    cmd = [sys.executable, "-m", "vllm_x86.cli", "serve", "--port", str(port)]
+    if not compiled:
+        cmd.append("--enforce-eager")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm_x86.cli", "serve", "--port", str(port)],
+        cmd,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
