@@ -27,8 +27,10 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from vllm_x86.bench.contenders import BenchError
-from vllm_x86.bench.proctree import TreeMonitor
+from vllm_x86.bench.proctree import MiB, TreeMonitor
 from vllm_x86.bench.server import log_tail, relative_times, stop_group, summarize_batch
 from vllm_x86.bench.workload import PromptSet, Workload
 
@@ -167,23 +169,13 @@ def _child(args: argparse.Namespace) -> dict:
     m["not_applicable"] = {f"decode_{c}_tok_s": NOT_APPLICABLE for c in w.concurrency if c > 1}
     m["threads"] = args.threads
     m["raw"] = raw
-    m["self_pss_mib"] = _own_pss_mib()  # the model still loaded: its largest
+    # the model still loaded: its largest; read as the monitor reads the others' (psutil)
+    m["self_pss_mib"] = psutil.Process().memory_full_info().pss / MiB
     llm.close()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     m["self_peak_rss_mib"] = usage.ru_maxrss / 1024
     m["self_cpu_s"] = usage.ru_utime + usage.ru_stime
     return m
-
-
-def _own_pss_mib() -> float | None:
-    try:
-        with open("/proc/self/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:
