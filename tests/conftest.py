@@ -13,7 +13,6 @@ waits.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -63,9 +62,9 @@ def default_model() -> Path:
 
 @pytest.fixture
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from vllm_x86.ports import free_port as pick
+
+    return pick()
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -121,6 +121,10 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
                 return 0
         except DaemonError as e:
             raise CliError(str(e)) from None
+    from vllm_x86.ports import bind_host, port_free, port_taken
+
+    if not port_free(port, bind_host(host)):
+        raise CliError(port_taken(host, port))
     where = "this machine only" if host in ("127.0.0.1", "localhost", "::1") else "the network"
     print(
         f"vllm-x86: serving {argv[argv.index('--model') + 1]} on http://{host}:{port}/v1 "

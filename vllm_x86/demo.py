@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,12 +24,7 @@ import urllib.request
 
 from vllm_x86.models.catalog import DEFAULT_MODEL
 from vllm_x86.models.pull import pull
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from vllm_x86.ports import free_port
 
 
 def wait_ready(base: str, proc: subprocess.Popen, log_path: str, timeout: float = 600.0) -> float:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 
@@ -17,18 +16,13 @@ import pytest
 
 from tests.conftest import PYTHON, clean_env
 from vllm_x86 import compile_cache as cc
+from vllm_x86.ports import free_port
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_and_ask(model, env, log_path) -> str:
-    port = _free_port()
+    port = free_port()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [PYTHON, "-m", "vllm_x86.cli", "serve", str(model), "--no-daemon", "--port",

@@ -24,17 +24,12 @@ import pytest
 
 from tests.conftest import PYTHON, clean_env
 from vllm_x86.daemon import client, paths
+from vllm_x86.ports import free_port
 
 pytestmark = pytest.mark.slow
 
 FLAGS = ["--enforce-eager", "--max-model-len", "512", "--dtype", "float32"]
 PROMPT = "The capital of France is"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cli(env, *args, timeout=600):
@@ -85,7 +80,7 @@ def daemon(default_model, tmp_path_factory):
     r = _cli(env, "daemon", "start")
     assert r.returncode == 0, r.stderr + "\n" + f.log.read_text()[-3000:]
     st = client.running(f)
-    info = {"env": env, "files": f, "pid": st["pid"], "port": _free_port(), "groups": set()}
+    info = {"env": env, "files": f, "pid": st["pid"], "port": free_port(), "groups": set()}
     try:
         yield info
     finally:
@@ -196,7 +191,7 @@ def test_corrupt_checkpoint_is_a_clear_error_and_the_daemon_stays_usable(
 
 
 def _one_server(cmd, env, model_name):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [*cmd, "--port", str(port), *FLAGS],
         env=env,
@@ -279,7 +274,7 @@ def test_start_with_a_model_preloads_it_and_serve_then_answers_at_once(tmp_path)
     env = clean_env(VLLM_X86_DAEMON_DIR=str(tmp_path))
     f = paths.files(tmp_path)
     tiny = str(build("tiny-llama"))
-    port = str(_free_port())
+    port = str(free_port())
     args = [tiny, "--served-model-name", "tiny", "--port", port, *FLAGS]
     r = _cli(env, "daemon", "start", "--serve", *args)
     pids = set()

@@ -41,11 +41,9 @@ def _listening_addresses(port: int) -> set[str]:
 
 @pytest.fixture(scope="module")
 def server(default_model, tmp_path_factory):
-    import socket
+    from vllm_x86.ports import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(

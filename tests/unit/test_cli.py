@@ -102,3 +102,17 @@ def test_chat_without_server_fails_clearly(free_port):
     p = cli("chat", "-q", "hi", "--url", f"http://127.0.0.1:{free_port}/v1")
     assert p.returncode != 0
     assert "no server answers" in p.stderr
+
+
+def test_serve_on_a_taken_port_fails_clearly(tmp_path):
+    import socket
+
+    (tmp_path / "config.json").write_text("{}")
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        p = cli("serve", str(tmp_path), "--no-daemon", "--port", str(port))
+    assert p.returncode != 0
+    assert f"port {port} on 127.0.0.1 is in use by another program" in p.stderr
+    assert "Traceback" not in p.stderr

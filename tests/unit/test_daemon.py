@@ -208,3 +208,21 @@ def test_start_with_a_bad_model_fails_before_starting_a_daemon(tmp_path, args, m
     assert message in r.stderr, r.stderr
     f = paths.files(tmp_path)
     assert not f.pid.exists() and client.running(f) is None
+
+
+def test_a_taken_port_is_refused_before_anything_starts(light_daemon, tmp_path):
+    import socket
+
+    f, _ = light_daemon
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with socket.socket() as other:  # another program listens on the asked-for port
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        body = {"model": str(model), "args": ["--port", str(port)]}
+        code, out = client.request(_port(f), "POST", "/serve", body)
+    assert code == 409, out
+    assert f"port {port} on 127.0.0.1 is in use by another program" in out["error"]
+    assert client.running(f)["server"] is None  # nothing forked, still answering

@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,15 +33,10 @@ import httpx
 from vllm_x86.bench.contenders import BenchError, Contender
 from vllm_x86.bench.proctree import TreeMonitor, descendants, wait_gone
 from vllm_x86.bench.workload import PromptSet, Workload
+from vllm_x86.ports import free_port
 
 SERVED_NAME = "bench"
 HEALTH_POLL_S = 0.1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_command(

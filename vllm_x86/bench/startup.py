@@ -49,7 +49,8 @@ import httpx
 
 from vllm_x86.bench.contenders import STOCK_START_ENV, BenchError
 from vllm_x86.bench.proctree import TreeMonitor
-from vllm_x86.bench.server import SERVED_NAME, free_port, log_tail, stop_group
+from vllm_x86.bench.server import SERVED_NAME, log_tail, stop_group
+from vllm_x86.ports import free_port
 
 STARTS = ("stock", "cold", "warm-cache", "daemon", "cold-spawn")
 # The cold start with a start-up lever switched off, to show what it brings.

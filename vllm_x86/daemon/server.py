@@ -44,6 +44,7 @@ from vllm_x86.daemon.paths import (
     remove_files,
     write_json_atomic,
 )
+from vllm_x86.ports import bind_host, port_free, port_taken
 
 # Imported once in the daemon, inherited by every forked model server: torch, vLLM's
 # OpenAI server, engine, CPU worker and loader, the model families the project serves,
@@ -156,6 +157,8 @@ WARM_WORKER_MODULES = (
 )
 
 HEALTH_POLL_S = 0.1
+# How long a switch on the same port waits for the stopped server's port to be free.
+PORT_WAIT_S = 10.0
 STOP_GRACE_S = 30.0
 # The last lines of a failed server's log that the error message quotes.
 ERROR_CONTEXT_LINES = 3
@@ -344,9 +347,18 @@ class Daemon:
             and cur.key == (tuple(vllm_args), tuple(sorted(env.items())))
         ):
             return 200, {"server": cur.record(), "note": "already serving this model"}
+        same_port = cur is not None and cur.alive and cur.port == port
+        if not same_port and not port_free(port, bind_host(host)):
+            # Refused before the current model is touched: it keeps serving.
+            return 409, {"error": port_taken(host, port)}
         if cur is not None and cur.alive:
             _say(f"stopping model server {cur.seq} ({cur.model}) to serve {path}")
             self.stop_model()
+        if same_port and not self._wait_port(host, port):
+            return 409, {
+                "error": port_taken(host, port) + f" (it was still taken {PORT_WAIT_S:.0f} s "
+                f"after model server {cur.seq} stopped; the daemon serves no model now)"
+            }
         self.seq += 1
         self.files.prune_model_logs()
         ms = ModelServer(
@@ -356,6 +368,16 @@ class Daemon:
         self._fork(ms)
         _say(f"model server {ms.seq}: pid {ms.pid}, {path} on {ms.host}:{ms.port} (log {ms.log})")
         return 202, {"server": ms.record()}
+
+    def _wait_port(self, host: str, port: int) -> bool:
+        """Wait until the stopped server's port can be bound again."""
+        deadline = time.monotonic() + PORT_WAIT_S
+        while not port_free(port, bind_host(host)):
+            if time.monotonic() > deadline:
+                return False
+            self._reap()
+            time.sleep(0.05)
+        return True
 
     # ------------------------------------------------------------------ model servers
 
