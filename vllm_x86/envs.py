@@ -119,6 +119,15 @@ SETTINGS: tuple[Setting, ...] = (
         "instead of vLLM's profile run at the maximum batch (worker.py); 0: vLLM's.",
     ),
     Setting(
+        "VLLM_X86_STAGED_WARMUP",
+        "auto",
+        "Compiled mode: when vLLM's compiled model for this configuration is not in its "
+        "cache yet, the worker serves eagerly at once and compiles in a background "
+        "process (nice 19), then switches to the compiled model (staged.py). auto: for "
+        "servers started by `vllm-x86 serve` or its daemon; 1: also elsewhere (vLLM's "
+        "own server, the LLM class); 0: compile before serving, as vLLM does.",
+    ),
+    Setting(
         "VLLM_X86_ASYNC_SCHEDULING",
         "0",
         "1: keep vLLM's asynchronous scheduling (the engine schedules step N+1 while "

@@ -22,7 +22,7 @@ from vllm.utils.mem_utils import format_gib
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
-from vllm_x86 import envs, hardware
+from vllm_x86 import envs, hardware, staged
 from vllm_x86.log import get_logger
 
 logger = get_logger("worker")
@@ -92,6 +92,13 @@ class X86Worker(CPUWorker):
         with set_current_vllm_config(self.vllm_config):
             registry.apply_module_overrides(self.model_runner.get_model())
 
+    _staged: staged.StagedCompile | None = None
+
+    def execute_model(self, *args, **kwargs):
+        if self._staged is not None:
+            self._staged.poll()
+        return super().execute_model(*args, **kwargs)
+
     def compile_or_warm_up_model(self, *args, **kwargs):
         out = super().compile_or_warm_up_model(*args, **kwargs)
         from vllm_x86 import compile_cache
@@ -114,14 +121,18 @@ class X86Worker(CPUWorker):
             if cached_compiled_model(self.model_runner, self.vllm_config):
                 _short_warm_up(self.model_runner)
             else:
-                if compiled_model_in_cache(self.model_runner, self.vllm_config) is False:
-                    logger.info(
-                        "vllm-x86: compiling the model: no compiled model for these "
-                        "settings in the cache yet. This can take minutes on a CPU; "
-                        "later starts with the same settings load it (--enforce-eager "
-                        "starts without compiling)"
-                    )
-                self.model_runner.warming_up_model()
+                in_cache = compiled_model_in_cache(self.model_runner, self.vllm_config)
+                if in_cache is False and staged.enabled():
+                    self._staged = staged.StagedCompile.start(self)
+                if self._staged is None:
+                    if in_cache is False:
+                        logger.info(
+                            "vllm-x86: compiling the model: no compiled model for these "
+                            "settings in the cache yet. This can take minutes on a CPU; "
+                            "later starts with the same settings load it (--enforce-eager "
+                            "starts without compiling)"
+                        )
+                    self.model_runner.warming_up_model()
         mem = hardware.memory_info(self._memory_node)
         explicit = self.cache_config.kv_cache_memory_bytes
         if explicit is not None:

@@ -68,7 +68,8 @@ def test_cache_is_loaded_and_a_damaged_entry_rebuilt(tmp_path):
 
     tiny = build("tiny-llama")
     cache = tmp_path / "cache"
-    env = clean_env(VLLM_X86_CACHE_DIR=str(cache))
+    # compiling before serving (staged warm-up off: tests/e2e/test_staged_warmup.py)
+    env = clean_env(VLLM_X86_CACHE_DIR=str(cache), VLLM_X86_STAGED_WARMUP="0")
     first = _start_and_ask(tiny, env, tmp_path / "first.log")
     log1 = (tmp_path / "first.log").read_text()
     assert "keyed by plugin, vLLM, torch, Python and ISA" in log1

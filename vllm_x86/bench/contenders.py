@@ -3,7 +3,9 @@
 A contender's process gets the harness's environment with every ``VLLM_X86_*`` and
 ``VLLM_CPU_*`` setting removed (so a developer's shell does not change what is
 measured; ``VLLM_X86_CACHE_DIR`` stays: it says where models are, not how they run),
-plus the contender's own ``env``.
+plus the contender's own ``env``. The plugin's servers also get
+``VLLM_X86_STAGED_WARMUP=0``: in compiled mode they compile before serving, so what is
+measured is the compiled model (staged.py).
 """
 
 from __future__ import annotations
@@ -231,5 +233,9 @@ def contender_env(contender: Contender, base: dict[str, str] | None = None) -> d
         for k, v in base.items()
         if k == "VLLM_X86_CACHE_DIR" or not k.startswith(("VLLM_X86_", "VLLM_CPU_"))
     }
+    if contender.kind == "plugin-server":
+        # Compiled from its first measured token: no staged warm-up (serving eagerly
+        # while it compiles, staged.py) inside a measurement.
+        env["VLLM_X86_STAGED_WARMUP"] = "0"
     env.update(contender.env)
     return env

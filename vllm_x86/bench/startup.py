@@ -14,6 +14,9 @@ Ways of starting (``--starts``, run in that order every round, each a fresh star
   earlier start of the same model and flags (``cold`` and ``stock`` get an empty one);
 - ``cold-spawn``: ``cold`` with VLLM_X86_ENGINE_FORK=0 (engine and worker processes
   spawned, as vLLM CPU does: the plugin's cold start before it forked them);
+- ``cold-compile`` (compiled mode): ``cold`` with VLLM_X86_STAGED_WARMUP=0, compiling
+  before it serves, as vLLM does (``cold`` serves eagerly while it compiles in the
+  background: staged.py); the warm cache is filled this way too;
 - ``daemon``: ``vllm-x86 serve MODEL`` while a standby daemon runs (the bench starts
   one in a temporary directory first and reports how long that took); the model server
   is stopped after each measurement, so every round starts the model afresh. In compiled
@@ -52,9 +55,12 @@ from vllm_x86.bench.proctree import TreeMonitor
 from vllm_x86.bench.server import SERVED_NAME, log_tail, stop_group
 from vllm_x86.ports import free_port
 
-STARTS = ("stock", "cold", "warm-cache", "daemon", "cold-spawn")
+STARTS = ("stock", "cold", "warm-cache", "daemon", "cold-spawn", "cold-compile")
 # The cold start with a start-up lever switched off, to show what it brings.
-ABLATIONS = {"cold-spawn": {"VLLM_X86_ENGINE_FORK": "0"}}
+ABLATIONS = {
+    "cold-spawn": {"VLLM_X86_ENGINE_FORK": "0"},
+    "cold-compile": {"VLLM_X86_STAGED_WARMUP": "0"},
+}
 CHECK_PROMPT = "The capital of France is"
 CHECK_TOKENS = 16
 
@@ -405,8 +411,9 @@ def main(argv: list[str]) -> int:
         unknown = [s for s in starts if s not in STARTS]
         if unknown or not starts:
             raise BenchError(f"unknown start(s) {unknown}; known: {', '.join(STARTS)}")
-        if "warm-cache" in starts and ns.mode != "compiled":
-            raise BenchError("warm-cache is about vLLM's compile cache: use --mode compiled")
+        for kind in ("warm-cache", "cold-compile"):
+            if kind in starts and ns.mode != "compiled":
+                raise BenchError(f"{kind} is about compiling: use --mode compiled")
         if ns.rounds < 1:
             raise BenchError("--rounds must be at least 1")
         model, label, _ = resolve_model(ns.model)
@@ -448,8 +455,8 @@ def _run(ns, starts: list[str], model: Path, label: str) -> int:
                     if kind in ("warm-cache", "daemon"):
                         if not warm_cache.exists():
                             _say("filling the compile cache for warm starts (not measured)")
-                            measure("cold", model, ns, out / "logs" / "prime.log", warm_cache,
-                                    None)  # fmt: skip
+                            measure("cold-compile", model, ns, out / "logs" / "prime.log",
+                                    warm_cache, None)  # fmt: skip
                         cache = warm_cache
                     else:
                         cache = caches / f"r{rnd}-{kind}"

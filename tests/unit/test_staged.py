@@ -1,0 +1,41 @@
+"""When staged warm-up applies (staged.enabled); the real thing, a compiled server
+switching from eager to compiled, is tests/e2e/test_staged_warmup.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_x86 import staged
+
+
+@pytest.mark.parametrize(
+    "setting, cli, want",
+    [
+        (None, "serve", True),  # auto: `vllm-x86 serve` and its daemon
+        (None, None, False),  # auto: the LLM class, vLLM's own server
+        ("auto", "serve", True),
+        ("1", None, True),
+        ("0", "serve", False),
+    ],
+)
+def test_enabled(monkeypatch, setting, cli, want):
+    for name, value in (("VLLM_X86_STAGED_WARMUP", setting), ("VLLM_X86_CLI", cli)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert staged.enabled() is want
+
+
+def test_compiled_modules_are_the_ones_vllm_would_compile():
+    import torch
+
+    class Compiled(torch.nn.Module):  # what support_torch_compile leaves on a module
+        was_aot_compile_fn_loaded_from_disk = False
+        do_not_compile = False
+
+    class Off(Compiled):
+        do_not_compile = True
+
+    model = torch.nn.Sequential(Compiled(), Off(), torch.nn.Linear(2, 2))
+    assert [type(m) for m in staged.compiled_modules(model)] == [Compiled]

@@ -1,0 +1,210 @@
+"""Staged warm-up: serve eagerly at once, switch to the compiled model when it is ready.
+
+In compiled mode vLLM compiles the model before the server answers anything: on a CPU
+with an empty compile cache that is most of a minute or more (73 s for the Qwen3-0.6B
+shape on the development VM). With staged warm-up (``VLLM_X86_STAGED_WARMUP``: on by
+default for servers started by ``vllm-x86 serve`` or its daemon, ``1`` anywhere), when
+the worker finds no compiled model for its settings in vLLM's cache:
+
+1. It forks a compile process from itself once the model is loaded (before the KV cache
+   exists): same model objects, same configuration, so the same cache key. That
+   process lowers its priority (nice 19, so requests come first on a busy CPU), runs
+   vLLM's own compile path on a 16-token dummy batch (the graph is dynamic in the
+   token count), which saves the compiled model to vLLM's cache, records it in the
+   plugin's cache manifest (compile_cache.py) and exits.
+2. The worker itself marks its compiled modules ``do_not_compile`` (vLLM's own switch
+   in ``support_torch_compile``: the module's Python ``forward`` runs) and serves
+   eagerly meanwhile.
+3. Before each step it asks whether the compile process has exited (a ``waitpid``
+   that does not block). When it succeeded and the artifact is where vLLM looks for
+   it, the worker clears ``do_not_compile``; at its next call vLLM finds the artifact
+   and loads it as on any start with a filled cache (the one step that loads it takes
+   a second or two longer), and the model runs compiled from then on.
+
+A compile process that fails is reported in the log with its exit code and the worker
+keeps serving eagerly; the next start compiles again (or set
+``VLLM_X86_STAGED_WARMUP=0`` to compile in the foreground, as vLLM does, and see the
+error at start-up). The eager stage runs vLLM's native ops, as the compiled
+configuration asks (the plugin's eager kernels are chosen for eager mode only), and its
+greedy text can part from the compiled model's where bf16 rounding makes a near tie
+(docs/correctness.md): a request running during the switch may see both.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+import traceback
+
+from vllm_x86 import envs
+from vllm_x86.log import get_logger
+
+logger = get_logger("staged")
+
+# The compile process's dummy batch (tokens): enough to trace and compile every kernel.
+COMPILE_TOKENS = 16
+PR_SET_PDEATHSIG = 1
+
+
+def compiled_modules(model) -> list:
+    """The modules vLLM's ``support_torch_compile`` compiles in this model."""
+    return [
+        m
+        for m in model.modules()
+        if hasattr(m, "was_aot_compile_fn_loaded_from_disk")
+        and not getattr(m, "do_not_compile", True)
+    ]
+
+
+class StagedCompile:
+    """The worker's side: the compile process and the switch."""
+
+    def __init__(self, worker, pid: int, modules: list):
+        self.worker = worker
+        self.pid = pid
+        self.modules = modules
+        self.t0 = time.monotonic()
+        self.done = False
+        self.switched_at: float | None = None
+
+    @classmethod
+    def start(cls, worker) -> StagedCompile | None:
+        """Fork the compile process and switch this worker to eager; None (nothing
+        changed) when the model has no compiled module."""
+        runner = worker.model_runner
+        modules = compiled_modules(runner.model)
+        if len(modules) != 1:  # none, or several (an encoder and a decoder): vLLM's way
+            return None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _compile_child(worker)  # never returns
+        for m in modules:
+            m.do_not_compile = True
+        logger.info(
+            "vllm-x86: staged warm-up: no compiled model in the cache for these settings; "
+            "serving eagerly now and compiling in the background (pid %d, nice 19). The "
+            "server switches to the compiled model when it is ready "
+            "(VLLM_X86_STAGED_WARMUP=0: compile before serving, as vLLM does)",
+            pid,
+        )
+        return cls(worker, pid, modules)
+
+    def poll(self) -> None:
+        """Before a step: switch to the compiled model once the compile process is done."""
+        if self.done:
+            if self.switched_at is not None:
+                logger.info(
+                    "vllm-x86: staged warm-up: serving the compiled model (the step that "
+                    "loaded it took %.2f s)",
+                    time.monotonic() - self.switched_at,
+                )
+                self.switched_at = None
+            return
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere: its result is unknown
+            pid, status = self.pid, None
+        if pid == 0:
+            return
+        self.done = True
+        secs = time.monotonic() - self.t0
+        code = os.waitstatus_to_exitcode(status) if status is not None else None
+        if code != 0:
+            logger.warning(
+                "vllm-x86: staged warm-up: the background compile failed (exit code %s, "
+                "after %.0f s; its error is above in this log); serving eagerly. "
+                "VLLM_X86_STAGED_WARMUP=0 compiles before serving instead.",
+                code,
+                secs,
+            )
+            return
+        from vllm_x86.worker import compiled_model_in_cache
+
+        for m in self.modules:  # vLLM compiles (here: loads) them from now on
+            m.do_not_compile = False
+        if not compiled_model_in_cache(self.worker.model_runner, self.worker.vllm_config):
+            for m in self.modules:
+                m.do_not_compile = True
+            logger.warning(
+                "vllm-x86: staged warm-up: the background compile finished after %.0f s "
+                "but its compiled model is not in vLLM's cache; serving eagerly",
+                secs,
+            )
+            return
+        logger.info(
+            "vllm-x86: staged warm-up: compiled model ready after %.0f s; switching to it",
+            secs,
+        )
+        self.switched_at = time.monotonic()
+
+
+class _Saved(Exception):
+    """Raised in the compile process once vLLM has saved the compiled model."""
+
+
+def _compile_child(worker) -> None:
+    """In the forked compile process: compile, save, record, exit."""
+    code = 1
+    try:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+        os.nice(19)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        t0 = time.monotonic()
+        runner = worker.model_runner
+        from vllm.v1.worker.cpu_model_runner import _set_global_compilation_settings
+
+        # Stop right after vLLM saved the compiled model, before it runs it: this
+        # process was forked from a worker whose OpenMP threads it does not have, and
+        # a parallel region here (every compiled kernel opens one) would wait for them
+        # forever. Tracing and compiling compute nothing.
+        (module,) = compiled_modules(runner.model)
+        save = module.save_aot_compiled_function
+
+        def save_and_stop():
+            save()
+            raise _Saved
+
+        module.save_aot_compiled_function = save_and_stop
+        n = min(COMPILE_TOKENS, runner.max_num_tokens)
+        try:
+            with _set_global_compilation_settings(runner.vllm_config):
+                runner._dummy_run(n, is_profile=True)
+        except _Saved:
+            pass
+        else:
+            raise RuntimeError("vLLM ran the model without compiling and saving it")
+        from vllm_x86 import compile_cache
+
+        compile_cache.seal_after_warmup(runner.vllm_config)
+        logger.info(
+            "vllm-x86: staged warm-up: background compile done in %.0f s",
+            time.monotonic() - t0,
+        )
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+        logger.error("vllm-x86: staged warm-up: the background compile failed (above)")
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def enabled() -> bool:
+    """VLLM_X86_STAGED_WARMUP: auto means servers started by `vllm-x86 serve` (or its
+    daemon), where time to the first answer is what a user waits for; an offline run
+    of the LLM class would spend its short life eager beside a compile it never uses."""
+    if envs.get("VLLM_X86_STAGED_WARMUP").strip().lower() == "auto":
+        return os.environ.get("VLLM_X86_CLI") == "serve"
+    return envs.get_bool("VLLM_X86_STAGED_WARMUP")
