@@ -19,7 +19,7 @@ the worker finds no compiled model for its settings in vLLM's cache:
    that does not block). When it succeeded and the artifact is where vLLM looks for
    it, the worker clears ``do_not_compile``; at its next call vLLM finds the artifact
    and loads it as on any start with a filled cache (the one step that loads it takes
-   a second or two longer), and the model runs compiled from then on.
+   0.1-0.2 s longer on the development VM), and the model runs compiled from then on.
 
 A compile process that fails is reported in the log with its exit code and the worker
 keeps serving eagerly; the next start compiles again (or set
@@ -27,7 +27,9 @@ keeps serving eagerly; the next start compiles again (or set
 error at start-up). The eager stage runs vLLM's native ops, as the compiled
 configuration asks (the plugin's eager kernels are chosen for eager mode only), and its
 greedy text can part from the compiled model's where bf16 rounding makes a near tie
-(docs/correctness.md): a request running during the switch may see both.
+(docs/correctness.md): a request running during the switch may see both. Models
+with more than one compiled module, and runs with more than one worker (tensor,
+pipeline or data parallel), compile before serving, as in vLLM.
 """
 
 from __future__ import annotations
@@ -77,6 +79,14 @@ class StagedCompile:
         runner = worker.model_runner
         modules = compiled_modules(runner.model)
         if len(modules) != 1:  # none, or several (an encoder and a decoder): vLLM's way
+            return None
+        if worker.vllm_config.parallel_config.world_size_across_dp > 1:
+            # Several workers: a compile process must not touch their process groups.
+            logger.info(
+                "vllm-x86: staged warm-up is for one worker; %d workers compile before "
+                "serving, as in vLLM",
+                worker.vllm_config.parallel_config.world_size_across_dp,
+            )
             return None
         sys.stdout.flush()
         sys.stderr.flush()

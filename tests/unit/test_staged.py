@@ -39,3 +39,32 @@ def test_compiled_modules_are_the_ones_vllm_would_compile():
 
     model = torch.nn.Sequential(Compiled(), Off(), torch.nn.Linear(2, 2))
     assert [type(m) for m in staged.compiled_modules(model)] == [Compiled]
+
+
+def test_not_staged_with_several_workers_or_compiled_modules(monkeypatch):
+    """Nothing is forked (os.fork would fail the test) and nothing is switched to eager."""
+    from types import SimpleNamespace
+
+    import torch
+
+    class Compiled(torch.nn.Module):
+        was_aot_compile_fn_loaded_from_disk = False
+
+        def __init__(self):
+            super().__init__()
+            self.do_not_compile = False
+
+    def worker(model, world):
+        pc = SimpleNamespace(world_size_across_dp=world)
+        return SimpleNamespace(
+            model_runner=SimpleNamespace(model=model),
+            vllm_config=SimpleNamespace(parallel_config=pc),
+        )
+
+    monkeypatch.setattr(staged.os, "fork", lambda: pytest.fail("forked"))
+    one = torch.nn.Sequential(Compiled())
+    assert staged.StagedCompile.start(worker(one, world=2)) is None  # tensor parallel
+    two = torch.nn.Sequential(Compiled(), Compiled())
+    assert staged.StagedCompile.start(worker(two, world=1)) is None  # encoder + decoder
+    assert staged.StagedCompile.start(worker(torch.nn.Linear(2, 2), world=1)) is None
+    assert not any(m.do_not_compile for m in [*one, *two])
