@@ -75,7 +75,8 @@ class StagedCompile:
     @classmethod
     def start(cls, worker) -> StagedCompile | None:
         """Fork the compile process and switch this worker to eager; None (nothing
-        changed) when the model has no compiled module."""
+        forked, nothing changed) for a model without exactly one compiled module or a
+        run with more than one worker."""
         runner = worker.model_runner
         modules = compiled_modules(runner.model)
         if len(modules) != 1:  # none, or several (an encoder and a decoder): vLLM's way
@@ -104,26 +105,29 @@ class StagedCompile:
         )
         return cls(worker, pid, modules)
 
+    def after_step(self) -> None:
+        """After a step: report the one that loaded the compiled model."""
+        if self.switched_at is not None:
+            logger.info(
+                "vllm-x86: staged warm-up: serving the compiled model (the step that "
+                "loaded it took %.2f s)",
+                time.monotonic() - self.switched_at,
+            )
+            self.switched_at = None
+
     def poll(self) -> None:
         """Before a step: switch to the compiled model once the compile process is done."""
         if self.done:
-            if self.switched_at is not None:
-                logger.info(
-                    "vllm-x86: staged warm-up: serving the compiled model (the step that "
-                    "loaded it took %.2f s)",
-                    time.monotonic() - self.switched_at,
-                )
-                self.switched_at = None
             return
         try:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:  # reaped elsewhere: its result is unknown
+        except ChildProcessError:  # reaped elsewhere: the cache check below decides
             pid, status = self.pid, None
         if pid == 0:
             return
         self.done = True
         secs = time.monotonic() - self.t0
-        code = os.waitstatus_to_exitcode(status) if status is not None else None
+        code = os.waitstatus_to_exitcode(status) if status is not None else 0
         if code != 0:
             logger.warning(
                 "vllm-x86: staged warm-up: the background compile failed (exit code %s, "

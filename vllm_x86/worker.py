@@ -95,9 +95,12 @@ class X86Worker(CPUWorker):
     _staged: staged.StagedCompile | None = None
 
     def execute_model(self, *args, **kwargs):
-        if self._staged is not None:
-            self._staged.poll()
-        return super().execute_model(*args, **kwargs)
+        if self._staged is None:
+            return super().execute_model(*args, **kwargs)
+        self._staged.poll()
+        out = super().execute_model(*args, **kwargs)
+        self._staged.after_step()
+        return out
 
     def compile_or_warm_up_model(self, *args, **kwargs):
         out = super().compile_or_warm_up_model(*args, **kwargs)

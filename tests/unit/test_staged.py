@@ -68,3 +68,72 @@ def test_not_staged_with_several_workers_or_compiled_modules(monkeypatch):
     assert staged.StagedCompile.start(worker(two, world=1)) is None  # encoder + decoder
     assert staged.StagedCompile.start(worker(torch.nn.Linear(2, 2), world=1)) is None
     assert not any(m.do_not_compile for m in [*one, *two])
+
+
+def _child(code: int) -> int:
+    """A real child process that exits with `code` (the compile process's place)."""
+    import os
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(code)
+    return pid
+
+
+@pytest.fixture
+def module():
+    import torch
+
+    class Compiled(torch.nn.Module):
+        was_aot_compile_fn_loaded_from_disk = False
+
+        def __init__(self):
+            super().__init__()
+            self.do_not_compile = True  # as start() leaves it: serving eagerly
+
+    return Compiled()
+
+
+def _waited(sc) -> None:
+    import time
+
+    deadline = time.monotonic() + 10
+    while not sc.done:
+        assert time.monotonic() < deadline
+        sc.poll()
+        time.sleep(0.01)
+
+
+def test_a_failed_compile_keeps_serving_eagerly(module, caplog):
+    sc = staged.StagedCompile(worker=None, pid=_child(3), modules=[module])
+    _waited(sc)
+    assert module.do_not_compile is True and sc.switched_at is None
+    assert "the background compile failed (exit code 3" in caplog.text
+
+
+def test_a_finished_compile_switches_once_the_artifact_is_there(module, monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    from vllm_x86 import worker as w
+
+    seen = []
+
+    def in_cache(runner, cfg):
+        seen.append(module.do_not_compile)  # asked with the module compiled again
+        return found
+
+    monkeypatch.setattr(w, "compiled_model_in_cache", in_cache)
+    caplog.set_level("INFO", logger=staged.logger.name)
+    fake = SimpleNamespace(model_runner=None, vllm_config=None)
+    found = False  # exit 0 but no artifact: stays eager
+    sc = staged.StagedCompile(worker=fake, pid=_child(0), modules=[module])
+    _waited(sc)
+    assert seen == [False] and module.do_not_compile is True
+    assert "its compiled model is not in vLLM's cache; serving eagerly" in caplog.text
+    found = True
+    sc = staged.StagedCompile(worker=fake, pid=_child(0), modules=[module])
+    _waited(sc)
+    assert module.do_not_compile is False and sc.switched_at is not None
+    sc.after_step()  # the step that loaded it is reported once
+    assert sc.switched_at is None
+    assert "serving the compiled model (the step that loaded it took" in caplog.text
