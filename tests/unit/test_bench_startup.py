@@ -63,8 +63,9 @@ def test_cli_refuses_bad_starts():
         env=clean_env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 1 and "unknown start(s) ['warp']" in r.stderr
-    r = subprocess.run(
-        [PYTHON, "-m", "vllm_x86.cli", "bench", "startup", "--starts", "warm-cache"],
-        env=clean_env(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert r.returncode == 1 and "--mode compiled" in r.stderr
+    for kind in ("warm-cache", "cold-compile"):
+        r = subprocess.run(
+            [PYTHON, "-m", "vllm_x86.cli", "bench", "startup", "--starts", kind],
+            env=clean_env(), capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert r.returncode == 1 and f"{kind} is about compiling: use --mode compiled" in r.stderr
