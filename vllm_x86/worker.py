@@ -6,7 +6,9 @@ is hot-plugged), that budget is wrong: stock vLLM refuses to start
 ("Available memory on node 0 (7.54/8.96 GiB) ... is less than desired CPU memory
 utilization") or sizes the KV cache from the wrong total. This worker is the same
 worker with ``hardware.memory_info()`` as the memory source; see that function for
-when node numbers are trusted. Everything else is inherited.
+when node numbers are trusted. In compiled mode it also warms a cached compiled model up
+with a short run (below) and, with nothing in the cache, serves eagerly while a
+background process compiles (staged.py). Everything else is inherited.
 """
 
 from __future__ import annotations
