@@ -9,6 +9,8 @@ start takes seconds where a first compiled start compiles the model for over a m
 on a small CPU (docs/startup.md), and the plugin's eager bf16 gives transformers'
 greedy answer to the default question on every CPU measured, while compiled bf16 takes
 the other side of a near tie on the AMD EPYC (tests/models/test_default_model_parity.py).
+With `--compiled` the server compiles before it answers (VLLM_X86_STAGED_WARMUP=0 unless
+you set it), so the answer is the compiled model's.
 """
 
 from __future__ import annotations
@@ -80,10 +82,14 @@ def run_demo(question: str, port: int = 0, max_tokens: int = 64, compiled: bool 
     )
     t_start = time.monotonic()
     cmd = [sys.executable, "-m", "vllm_x86.cli", "serve", "--port", str(port)]
-    if not compiled:
+    env = dict(os.environ)
+    if compiled:  # answer from the compiled model: compile first, not staged (staged.py)
+        env.setdefault("VLLM_X86_STAGED_WARMUP", "0")
+    else:
         cmd.append("--enforce-eager")
     proc = subprocess.Popen(
         cmd,
+        env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
