@@ -34,21 +34,19 @@ pipeline or data parallel), compile before serving, as in vLLM.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
 import time
 import traceback
 
-from vllm_x86 import envs
+from vllm_x86 import childproc, envs
 from vllm_x86.log import get_logger
 
 logger = get_logger("staged")
 
 # The compile process's dummy batch (tokens): enough to trace and compile every kernel.
 COMPILE_TOKENS = 16
-PR_SET_PDEATHSIG = 1
 
 
 def compiled_modules(model) -> list:
@@ -165,10 +163,7 @@ def _compile_child(worker) -> None:
     """In the forked compile process: compile, save, record, exit."""
     code = 1
     try:
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
+        childproc.die_with_parent(signal.SIGKILL)
         os.nice(19)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -208,11 +203,7 @@ def _compile_child(worker) -> None:
         traceback.print_exc()
         logger.error("vllm-x86: staged warm-up: the background compile failed (above)")
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        childproc.exit_now(code)
 
 
 def enabled() -> bool:

@@ -22,7 +22,6 @@ Control API (JSON over HTTP on 127.0.0.1:PORT):
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import http.client
 import importlib
@@ -36,7 +35,7 @@ import traceback
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
-from vllm_x86 import __version__
+from vllm_x86 import __version__, childproc
 from vllm_x86.daemon.paths import (
     DaemonFiles,
     files,
@@ -163,19 +162,9 @@ STOP_GRACE_S = 30.0
 # The last lines of a failed server's log that the error message quotes.
 ERROR_CONTEXT_LINES = 3
 
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
-
 
 def _say(msg: str) -> None:
     print(f"[vllm-x86 daemon] {time.strftime('%H:%M:%S')} {msg}", flush=True)
-
-
-def _prctl(option: int, value: int) -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: no orphan handling, still works
-        pass
 
 
 class ModelServer:
@@ -391,7 +380,7 @@ class Daemon:
             code = 1
             try:
                 os.setsid()
-                _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+                childproc.die_with_parent(signal.SIGTERM)
                 if self.httpd is not None:
                     self.httpd.socket.close()
                 if self.request_socket is not None:  # the /serve request's connection
@@ -423,11 +412,7 @@ class Daemon:
                 traceback.print_exc()
                 code = 1
             finally:
-                try:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(code)
+                childproc.exit_now(code)
         os.close(fd)
         ms.pid = pid
 
@@ -513,7 +498,7 @@ class Daemon:
         f = self.files
         f.root.mkdir(parents=True, exist_ok=True)
         f.pid.write_text(str(os.getpid()))
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        childproc.prctl(childproc.PR_SET_CHILD_SUBREAPER, 1)
 
         def on_signal(signum, frame):
             raise SystemExit(0)
