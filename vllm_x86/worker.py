@@ -258,12 +258,7 @@ def compiled_model_in_cache(runner, vllm_config) -> bool | None:
         from vllm.compilation.caching import aot_compile_hash_factors
         from vllm.compilation.decorators import _model_hash_key
 
-        compiled = [
-            m
-            for m in runner.model.modules()
-            if hasattr(m, "was_aot_compile_fn_loaded_from_disk")
-            and not getattr(m, "do_not_compile", True)
-        ]
+        compiled = staged.compiled_modules(runner.model)
         if not compiled:
             return None
         pc = vllm_config.parallel_config
