@@ -121,9 +121,9 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
                 return 0
         except DaemonError as e:
             raise CliError(str(e)) from None
-    from vllm_x86.ports import bind_host, port_free, port_taken
+    from vllm_x86.ports import port_free, port_taken
 
-    if not port_free(port, bind_host(host)):
+    if not port_free(port, host):
         raise CliError(port_taken(host, port))
     where = "this machine only" if host in ("127.0.0.1", "localhost", "::1") else "the network"
     print(

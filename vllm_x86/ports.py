@@ -30,8 +30,10 @@ def ephemeral_range() -> tuple[int, int]:
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a server could bind `host:port` now (with SO_REUSEADDR, as uvicorn does:
-    connections of a closed server in TIME_WAIT do not count)."""
+    """Whether a server given `--host host --port port` could bind now (with
+    SO_REUSEADDR, as uvicorn does: connections of a closed server in TIME_WAIT do not
+    count)."""
+    host = bind_host(host)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

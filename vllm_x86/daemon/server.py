@@ -43,7 +43,7 @@ from vllm_x86.daemon.paths import (
     remove_files,
     write_json_atomic,
 )
-from vllm_x86.ports import bind_host, port_free, port_taken
+from vllm_x86.ports import port_free, port_taken
 
 # Imported once in the daemon, inherited by every forked model server: torch, vLLM's
 # OpenAI server, engine, CPU worker and loader, the model families the project serves,
@@ -337,7 +337,7 @@ class Daemon:
         ):
             return 200, {"server": cur.record(), "note": "already serving this model"}
         same_port = cur is not None and cur.alive and cur.port == port
-        if not same_port and not port_free(port, bind_host(host)):
+        if not same_port and not port_free(port, host):
             # Refused before the current model is touched: it keeps serving.
             return 409, {"error": port_taken(host, port)}
         if cur is not None and cur.alive:
@@ -361,7 +361,7 @@ class Daemon:
     def _wait_port(self, host: str, port: int) -> bool:
         """Wait until the stopped server's port can be bound again."""
         deadline = time.monotonic() + PORT_WAIT_S
-        while not port_free(port, bind_host(host)):
+        while not port_free(port, host):
             if time.monotonic() > deadline:
                 return False
             self._reap()
