@@ -6,61 +6,21 @@ with the same greedy text."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
-
-import httpx
 import pytest
 
-from tests.conftest import PYTHON, clean_env
+from tests.conftest import clean_env
+from tests.e2e.tiny_server import TinyServer
 from vllm_x86 import compile_cache as cc
-from vllm_x86.ports import free_port
 
 pytestmark = pytest.mark.slow
 
 
 def _start_and_ask(model, env, log_path) -> str:
-    port = free_port()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [PYTHON, "-m", "vllm_x86.cli", "serve", str(model), "--no-daemon", "--port",
-             str(port), "--max-model-len", "256", "--dtype", "float32",
-             "--served-model-name", "tiny"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    srv = TinyServer(model, env, log_path)
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, log_path.read_text()[-4000:]
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log_path.read_text()[-4000:]
-            time.sleep(0.5)
-        r = httpx.post(
-            f"{base}/v1/completions",
-            timeout=120,
-            json={
-                "model": "tiny",
-                "prompt": "The capital of France is",
-                "max_tokens": 8,
-                "temperature": 0,
-            },  # fmt: skip
-        )
-        assert r.status_code == 200, r.text
-        return r.json()["choices"][0]["text"]
+        return srv.ask()
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        srv.stop()
 
 
 def test_cache_is_loaded_and_a_damaged_entry_rebuilt(tmp_path):
