@@ -133,6 +133,9 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
         flush=True,
     )
     os.environ.setdefault("VLLM_X86_CLI", "serve")
+    from vllm_x86.defaults import apply_omp_env
+
+    apply_omp_env()  # before the server's torch loads libgomp (docs/threads.md)
     sys.stderr.flush()
     os.execv(sys.executable, argv)
     return 0  # pragma: no cover

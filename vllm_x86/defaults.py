@@ -6,6 +6,8 @@ Pure functions of `hardware` and `envs` (no vLLM import), shared by the platform
 
 from __future__ import annotations
 
+import os
+
 from vllm_x86 import envs, hardware
 from vllm_x86.hardware import GiB
 
@@ -52,6 +54,69 @@ def choose_threads(cpu: hardware.CpuInfo | None = None) -> tuple[str | None, str
         f"{cpu.physical_cores} cores on {len(cpu.numa_nodes)} NUMA node(s): vLLM's "
         "layout (a thread per physical core, one core per worker kept for the engine loop)"
     )
+
+
+# How often an idle OpenMP thread of the model checks for work before it sleeps, where
+# every core runs a model thread (omp_env). libgomp's own default is 300,000.
+SHARED_LAYOUT_SPINCOUNT = 10000
+
+
+def omp_env(
+    cpu: hardware.CpuInfo | None = None, environ: dict[str, str] | None = None
+) -> tuple[dict[str, str], str | None]:
+    """OpenMP settings for the processes that run the model: (variables to set, reason).
+
+    They must be in a process's environment before torch loads libgomp (it reads them
+    once), so `vllm-x86 serve`, the daemon and the platform (for the processes vLLM
+    spawns) put them there; see docs/threads.md.
+
+    With the plugin's layout for small machines every core runs a model thread, and
+    between parallel regions, also after a decode step ends, libgomp's idle threads
+    spin up to 300,000 times before they sleep: meanwhile the engine loop and the API
+    server, which must run before the next step starts, wait for a core. Spinning
+    10,000 times covers the gaps inside a step and frees the cores soon after it.
+    Nothing is set when you set GOMP_SPINCOUNT or OMP_WAIT_POLICY, or choose the thread
+    layout yourself (VLLM_CPU_OMP_THREADS_BIND, VLLM_CPU_NUM_OF_RESERVED_CPU), or when
+    vLLM's layout keeps a core free for the engine loop.
+    """
+    env = os.environ if environ is None else environ
+    if any(env.get(k) for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")):
+        return {}, None
+    if any(env.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")):
+        return {}, None
+    cpu = cpu or hardware.cpu_info()
+    bind, _ = choose_threads(cpu)
+    if bind is None or _count_cpus(bind) < len(cpu.core_cpus or cpu.logical_cpus):
+        return {}, None  # a core is left to the engine loop
+    return {"GOMP_SPINCOUNT": str(SHARED_LAYOUT_SPINCOUNT)}, (
+        f"every core runs a model thread: idle OpenMP threads spin {SHARED_LAYOUT_SPINCOUNT} "
+        "times, not libgomp's 300,000, before they sleep, so the engine loop gets a core "
+        "between steps"
+    )
+
+
+# Set (to what was set, e.g. "GOMP_SPINCOUNT=10000") by apply_omp_env, so that the
+# platform can say in the server's log that the plugin chose it.
+OMP_CHOSEN_ENV = "VLLM_X86_OMP_CHOSEN"
+
+
+def apply_omp_env(environ=None, cpu: hardware.CpuInfo | None = None) -> dict[str, str]:
+    """Put omp_env's settings into `environ` (os.environ by default) with a note of
+    what was set in OMP_CHOSEN_ENV; the settings set (empty when none apply)."""
+    env = os.environ if environ is None else environ
+    chosen, _ = omp_env(cpu, environ=env)
+    if chosen:
+        env.update(chosen)
+        env[OMP_CHOSEN_ENV] = " ".join(f"{k}={v}" for k, v in chosen.items())
+    return chosen
+
+
+def _count_cpus(cpu_list: str) -> int:
+    n = 0
+    for part in cpu_list.split(","):
+        lo, _, hi = part.partition("-")
+        n += int(hi or lo) - int(lo) + 1
+    return n
 
 
 def _cpu_list(cpus: list[int]) -> str:

@@ -8,7 +8,7 @@ import sys
 from importlib import metadata
 
 from vllm_x86 import __version__, envs, hardware
-from vllm_x86.defaults import choose_kv_cache_bytes, choose_threads
+from vllm_x86.defaults import choose_kv_cache_bytes, choose_threads, omp_env
 from vllm_x86.hardware import GiB
 
 
@@ -123,6 +123,16 @@ def collect() -> dict:
             "cpus": bind or "vLLM auto",
             "reserved": 0 if bind else "vLLM default (1 core per worker)",
         }
+    omp, omp_why = omp_env(cpu)
+    openmp = {
+        "set": omp,
+        "source": omp_why
+        or (
+            "your GOMP_SPINCOUNT / OMP_WAIT_POLICY"
+            if os.environ.get("GOMP_SPINCOUNT") or os.environ.get("OMP_WAIT_POLICY")
+            else "libgomp's defaults"
+        ),
+    }
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         kv = {
             "gib": float(os.environ["VLLM_CPU_KVCACHE_SPACE"]),
@@ -162,7 +172,12 @@ def collect() -> dict:
             "node0_reported_total_gib": round(mem.node_total / GiB, 2) if mem.node_total else None,
             "cgroup_limit_gib": round(mem.cgroup_limit / GiB, 2) if mem.cgroup_limit else None,
         },
-        "plugin_choices": {"threads": threads, "kv_cache": kv, "quant_gemm": _quant_gemm()},
+        "plugin_choices": {
+            "threads": threads,
+            "openmp": openmp,
+            "kv_cache": kv,
+            "quant_gemm": _quant_gemm(),
+        },
         "kernels": _kernels(OVERRIDES),
         "settings": {s.name: envs.get(s.name) for s in envs.SETTINGS},
     }
@@ -222,6 +237,9 @@ def render(r: dict) -> str:
         "What the plugin will choose",
         f"  compute threads : CPUs {ch['threads']['cpus']}, reserved "
         f"{ch['threads']['reserved']} ({ch['threads']['source']})",
+        f"  OpenMP          : "
+        f"{' '.join(f'{k}={v}' for k, v in ch['openmp']['set'].items()) or 'nothing set'} "
+        f"({ch['openmp']['source']})",
         f"  KV cache        : {ch['kv_cache']['gib']} GiB ({ch['kv_cache']['source']})",
         f"  INT8/INT4 GEMMs : {ch['quant_gemm']['kernels']}",
         "",

@@ -26,7 +26,7 @@ import os
 
 from vllm.platforms.cpu import CpuPlatform
 
-from vllm_x86 import envs, hardware
+from vllm_x86 import defaults, envs, hardware
 from vllm_x86.defaults import choose_kv_cache_bytes, choose_threads
 from vllm_x86.hardware import GiB
 from vllm_x86.log import get_logger
@@ -209,6 +209,7 @@ class X86Platform(CpuPlatform):
                 hardware.plugin_supported()[1],
             )
         cls._apply_thread_layout()
+        cls._apply_omp_env()
         cls._apply_kv_cache_size(vllm_config)
         cls._apply_mla_backend(vllm_config)
         # what vLLM decided before vLLM CPU switches it off
@@ -305,6 +306,25 @@ class X86Platform(CpuPlatform):
             _info_once("threads", "vllm-x86: compute threads on CPUs %s: %s", bind, reason)
         else:
             _info_once("threads", "vllm-x86: thread layout: %s", reason)
+
+    @classmethod
+    def _apply_omp_env(cls) -> None:
+        """OpenMP settings for the model's processes (defaults.omp_env). `vllm-x86
+        serve` and the daemon set them before torch loads; here they reach the processes
+        vLLM spawns from this one (vLLM's own server, the LLM class)."""
+        if "omp" in os.environ.get(CHOSEN_ENV, "").split(","):
+            return  # chosen (and logged) by the process that started this one
+        _mark_chosen("omp")
+        defaults.apply_omp_env()
+        chosen = os.environ.get(defaults.OMP_CHOSEN_ENV)
+        if chosen:
+            _info_once(
+                "omp",
+                "vllm-x86: %s for the model's OpenMP threads: every core runs one, so "
+                "idle ones sleep sooner than libgomp's default and leave the engine loop a "
+                "core between steps (set GOMP_SPINCOUNT or OMP_WAIT_POLICY to choose)",
+                chosen,
+            )
 
     @classmethod
     def _apply_kv_cache_size(cls, vllm_config) -> None:

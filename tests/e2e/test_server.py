@@ -101,6 +101,30 @@ def test_plugin_is_the_platform(server):
     assert "vllm-x86: compute threads on CPUs" in log
 
 
+def test_model_processes_get_the_openmp_setting(server):
+    """Where every core runs a model thread, libgomp in the server's processes reads
+    GOMP_SPINCOUNT from their environment (defaults.omp_env); elsewhere nothing is set."""
+    from vllm_x86 import defaults
+
+    expected, _ = defaults.omp_env(environ=clean_env())
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    group = []
+    for pid in pids:
+        try:
+            if os.getpgid(pid) == server["proc"].pid:
+                env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                group.append(
+                    {k.decode(): v.decode() for k, _, v in (e.partition(b"=") for e in env) if k}
+                )
+        except (OSError, ProcessLookupError):
+            continue
+    assert len(group) >= 3  # API server, engine core, worker
+    for env in group:
+        assert env.get("GOMP_SPINCOUNT") == expected.get("GOMP_SPINCOUNT")
+    log = server["log"].read_text()
+    assert ("GOMP_SPINCOUNT=10000 for the model's OpenMP threads" in log) == bool(expected)
+
+
 def test_models(server):
     r = httpx.get(f"{server['base']}/v1/models", timeout=10)
     assert r.status_code == 200

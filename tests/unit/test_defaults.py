@@ -104,3 +104,36 @@ def test_meminfo_parsing():
     text = "Node 0 MemTotal:  8611576 kB\nNode 0 MemFree:   4387552 kB\n"
     assert hardware._meminfo(text) == {"MemTotal": 8611576 * 1024, "MemFree": 4387552 * 1024}
     assert hardware._meminfo("MemAvailable:   24213216 kB")["MemAvailable"] == 24213216 * 1024
+
+
+def test_omp_spin_count_where_every_core_runs_a_model_thread():
+    chosen, reason = defaults.omp_env(cpu(2), environ={})
+    assert chosen == {"GOMP_SPINCOUNT": "10000"}
+    assert "engine loop" in reason
+    env = {}
+    assert defaults.apply_omp_env(env, cpu(2)) == chosen
+    assert env == {"GOMP_SPINCOUNT": "10000", defaults.OMP_CHOSEN_ENV: "GOMP_SPINCOUNT=10000"}
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"GOMP_SPINCOUNT": "300000"},
+        {"OMP_WAIT_POLICY": "ACTIVE"},
+        {"VLLM_CPU_OMP_THREADS_BIND": "0"},
+        {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"},
+    ],
+)
+def test_omp_settings_of_yours_are_left_alone(environ):
+    env = dict(environ)
+    assert defaults.omp_env(cpu(2), environ=env) == ({}, None)
+    assert defaults.apply_omp_env(env, cpu(2)) == {}
+    assert env == environ
+
+
+def test_no_omp_setting_where_a_core_is_left_to_the_engine_loop(monkeypatch):
+    assert defaults.omp_env(cpu(32), environ={}) == ({}, None)  # vLLM's layout
+    monkeypatch.setenv("VLLM_X86_THREADS", "1")
+    assert defaults.omp_env(cpu(2), environ={}) == ({}, None)
+    monkeypatch.setenv("VLLM_X86_THREADS", "2")
+    assert defaults.omp_env(cpu(2), environ={})[0] == {"GOMP_SPINCOUNT": "10000"}

@@ -149,6 +149,20 @@ CONTENDERS: dict[str, Contender] = {
             args=("--quantization", "x86_int4"),
         ),
         Contender(
+            "plugin-spin",
+            "plugin-server",
+            "vllm-x86 with libgomp's default spinning (GOMP_SPINCOUNT=300000; the plugin "
+            "sets 10000 where every core runs a model thread, docs/threads.md)",
+            {"GOMP_SPINCOUNT": "300000"},
+        ),
+        Contender(
+            "plugin-int4-head-spin",
+            "plugin-server",
+            "plugin-int4-head with libgomp's default spinning (GOMP_SPINCOUNT=300000)",
+            {"VLLM_X86_QUANT_LM_HEAD": "1", "GOMP_SPINCOUNT": "300000"},
+            args=("--quantization", "x86_int4"),
+        ),
+        Contender(
             "plugin-int8-a16",
             "plugin-server",
             "vllm-x86 quantizing to INT8 while it loads, 16-bit activations at every batch "

@@ -23,6 +23,7 @@ from vllm_x86.daemon.paths import (
     read_state,
     remove_files,
 )
+from vllm_x86.defaults import apply_omp_env
 
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
@@ -104,9 +105,14 @@ def start(port: int | None = None, f: DaemonFiles | None = None) -> dict:
     if port is None:
         port = int(envs.get("VLLM_X86_DAEMON_PORT"))
     t0 = time.monotonic()
+    # The daemon loads torch once and forks every model server from itself: the
+    # OpenMP settings must be in its environment (docs/threads.md).
+    env = dict(os.environ)
+    apply_omp_env(env)
     with open(f.log, "a") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm_x86.daemon", "--dir", str(f.root), "--port", str(port)],
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
