@@ -66,8 +66,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "VLLM_X86_QUANT_LM_HEAD",
         "0",
-        "x86_int8/x86_int4: 1 runs the LM head in INT8 too (quantized while loading); "
-        "0 keeps it in the model's dtype. Embedding lookups stay in the model's dtype.",
+        "x86_int8/x86_int4: 1 (or int8) runs the LM head in INT8 too, int4 in INT4 "
+        "(x86_int4's groups and zero points), quantized while loading; 0 keeps it in the "
+        "model's dtype. Embedding lookups stay in the model's dtype.",
     ),
     Setting(
         "VLLM_X86_QUANT_A8_ROWS",

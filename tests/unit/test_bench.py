@@ -137,10 +137,13 @@ def test_roofline_counts_the_lm_head_and_not_the_embedding_lookup(tmp_path):
     r = hf_weight_bytes_per_token(untied, "bfloat16")
     assert not r["tied_embeddings"] and r["bytes_per_token"] == (1000 + 200) * 2
     # INT8 decoder (1 byte + a float32 scale per row of 10) and LM head
-    r = hf_weight_bytes_per_token(untied, "bfloat16", "x86_int8", lm_head_int8=True)
+    r = hf_weight_bytes_per_token(untied, "bfloat16", "x86_int8", lm_head_bits=8)
     assert r["bytes_per_token"] == 1000 * 1.4 + 200 * 1.4
-    r = hf_weight_bytes_per_token(tied, "bfloat16", "x86_int4", group=10, lm_head_int8=True)
+    r = hf_weight_bytes_per_token(tied, "bfloat16", "x86_int4", group=10, lm_head_bits=8)
     assert r["bytes_per_token"] == 1000 * 1.4 + 200 * 1.0
+    # INT4 LM head: half a byte plus a bf16 scale and a zero point per group of 10
+    r = hf_weight_bytes_per_token(tied, "bfloat16", "x86_int4", group=10, lm_head_bits=4)
+    assert r["bytes_per_token"] == 1000 * 1.0 + 200 * 1.0 and r["lm_head"] == "x86_int4"
     assert roofline_tok_s(2_000_000_000, 20.0) == pytest.approx(10.0)
 
 

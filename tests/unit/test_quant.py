@@ -385,6 +385,59 @@ def test_int4_amx_kernel_matches_reference(rows, group, zero_point):
 
 
 @needs_quant_kernels
+@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("bits,group,zero_point", [(8, 128, False), (4, 128, True), (4, 64, False)])
+def test_lm_head_method_matches_reference(bits, group, zero_point, rows):
+    """VLLM_X86_QUANT_LM_HEAD=1 / int4 (lm_head.py): logits from the quantized LM head
+    against x @ W^T with W its quantized-then-dequantized values (scope.fake_quantize,
+    the conformance reference), SmolLM2's head shape (49152 x 576: groups of 64)."""
+    from vllm_x86.ops import reference
+    from vllm_x86.quant import scope
+    from vllm_x86.quant.lm_head import X86LMHeadMethod
+
+    n, k = 49152, 576
+    w, x = _data(n, k, rows, seed=3)
+    layer = _Layer()
+    layer.weight = torch.nn.Parameter(w.clone(), requires_grad=False)
+    method = X86LMHeadMethod(bits, group, zero_point)
+    method.process_weights_after_loading(layer)
+    assert layer.x86_lm_head
+    g = m.effective_group_size(k, group)
+    plan = scope.plan("lm_head", n, k, 4, group, lm_head=bits)
+    assert plan == scope.Plan(bits, g if bits == 4 else None)
+    wd = scope.fake_quantize(w, plan, zero_point)
+    y = method.apply(layer, x[None])  # [1, rows, n]: batch dimensions are kept
+    assert y.shape == (1, rows, n) and y.dtype == torch.bfloat16
+    ref = reference.kernel_activations(x) if rows >= 4 else x.float()
+    assert _rel(y[0], ref @ wd.t()) < 5e-3
+    assert _rel(y[0], x.float() @ wd.t()) < 2e-2
+
+
+def test_lm_head_setting_values():
+    from vllm_x86.quant import scope
+
+    assert [scope.lm_head_bits(v) for v in ("", "0", "1", "int8", "INT4", "4", True, None)] == [
+        0,
+        0,
+        8,
+        8,
+        4,
+        4,
+        8,
+        0,
+    ]
+    with pytest.raises(ValueError, match="VLLM_X86_QUANT_LM_HEAD must be"):
+        scope.lm_head_bits("int2")
+    assert scope.weight_bits(scope.LM_HEAD, 8, lm_head=4) == 4
+    assert scope.options(8, 128, True, "int4") == (128, True, 4)  # zero points for the head
+    assert scope.options(8, 128, True, "1") == (128, False, 8)
+    # a head the plugin's INT4 kernel cannot take stays in bf16, with the reason
+    assert "K of 64" in m.lm_head_bf16_reason(49152, 96, 4, 64)
+    assert "plugin's INT4 kernel" in m.lm_head_bf16_reason(49152, 576, 4, 32)
+    assert m.lm_head_bf16_reason(49152, 576, 4, 128) is None
+
+
+@needs_quant_kernels
 @pytest.mark.parametrize("rows", ODD_ROWS)
 @pytest.mark.parametrize("n,k,group", [(576, 576, 64), (192, 576, 64), (1024, 3072, 128)])
 def test_int4_w4a16_kernel_against_its_reference(n, k, group, rows):

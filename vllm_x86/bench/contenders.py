@@ -149,6 +149,14 @@ CONTENDERS: dict[str, Contender] = {
             args=("--quantization", "x86_int4"),
         ),
         Contender(
+            "plugin-int4-head4",
+            "plugin-server",
+            "vllm-x86 quantizing to INT4 (group 128) while it loads, the LM head to INT4 "
+            "too (`--quantization x86_int4`, VLLM_X86_QUANT_LM_HEAD=int4)",
+            {"VLLM_X86_QUANT_LM_HEAD": "int4"},
+            args=("--quantization", "x86_int4"),
+        ),
+        Contender(
             "plugin-spin",
             "plugin-server",
             "vllm-x86 with libgomp's default spinning (GOMP_SPINCOUNT=300000; the plugin "

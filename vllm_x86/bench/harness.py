@@ -244,19 +244,20 @@ def _wait_quiet(max_wait_s: int) -> float:
 
 def _weights(contenders: list[Contender], model_dir: Path, dtype: str, gguf: Path | None) -> dict:
     from vllm_x86.bench.roofline import gguf_weight_bytes_per_token, hf_weight_bytes_per_token
+    from vllm_x86.quant import scope
 
     out: dict = {}
     for c in contenders:
         if c.is_server:
             quant = c.quantization
-            head = bool(quant) and c.env.get("VLLM_X86_QUANT_LM_HEAD") == "1"
-            hf = hf_weight_bytes_per_token(model_dir, dtype, quant, lm_head_int8=head)
+            head = scope.lm_head_bits(c.env.get("VLLM_X86_QUANT_LM_HEAD")) if quant else 0
+            hf = hf_weight_bytes_per_token(model_dir, dtype, quant, lm_head_bits=head)
             tied = "tied" if hf["tied_embeddings"] else "untied"
             what = f"{dtype} weights, {tied} embeddings"
             if quant:
                 what += f", decoder linears {quant}"
             if head:
-                what += ", LM head x86_int8"
+                what += f", LM head {hf['lm_head']}"
             out[c.name] = {**hf, "what": what}
         elif c.kind == "llamacpp" and gguf is not None:
             g = gguf_weight_bytes_per_token(gguf)

@@ -68,11 +68,11 @@ def hf_weight_bytes_per_token(
     dtype: str,
     quant: str | None = None,
     group: int = 128,
-    lm_head_int8: bool = False,
+    lm_head_bits: int = 0,
 ) -> dict:
     """Bytes of weights one decoded token reads, for a HF directory run in `dtype`
     (and, with `quant`, its decoder Linear layers quantized by the plugin; with
-    `lm_head_int8`, the LM head in INT8 too: VLLM_X86_QUANT_LM_HEAD)."""
+    `lm_head_bits` 8 or 4, the LM head in INT8 or INT4 too: VLLM_X86_QUANT_LM_HEAD)."""
     shapes = _safetensors_shapes(Path(model_dir))
     numels = {n: _numel(s) for n, s in shapes.items()}
     total = sum(numels.values())
@@ -85,11 +85,12 @@ def hf_weight_bytes_per_token(
             if _is_quantized_linear(n, s):
                 q = quant_bytes_per_weight(quant, s[1], group)
                 nbytes += round(numels[n] * (q - DTYPE_BYTES[dtype]))
-    if lm_head_int8:
+    head_method = {8: "x86_int8", 4: "x86_int4"}.get(lm_head_bits)
+    if head_method:
         head = next((n for n in LM_HEAD_NAMES if n in shapes), None) if untied else None
         head = head or next((n for n in EMBED_NAMES if n in shapes), None)
         if head is not None:
-            q = quant_bytes_per_weight("x86_int8", shapes[head][1])
+            q = quant_bytes_per_weight(head_method, shapes[head][1], group)
             nbytes += round(numels[head] * (q - DTYPE_BYTES[dtype]))
     out = {
         "params": total,
@@ -100,8 +101,8 @@ def hf_weight_bytes_per_token(
     }
     if quant:
         out["quantization"] = quant
-    if lm_head_int8:
-        out["lm_head"] = "x86_int8"
+    if head_method:
+        out["lm_head"] = head_method
     return out
 
 

@@ -13,7 +13,7 @@ Two ways in:
   converter does not pack) are quantized while loading.
 
 The embeddings stay in bf16, and so does the LM head unless VLLM_X86_QUANT_LM_HEAD=1
-(or `vllm-x86 quantize --lm-head`) asks for it in INT8 (lm_head.py).
+(or `vllm-x86 quantize --lm-head`) asks for it in INT8, or =int4 in INT4 (lm_head.py).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class _X86QuantConfig(QuantizationConfig):
         layout: str | None = None,
         format_version: int | None = None,
         quantized_layers: list[str] | None = None,
-        lm_head: bool | None = None,
+        lm_head: bool | int | str | None = None,
         packed_experts: list[str] | None = None,
     ) -> None:
         super().__init__()
@@ -114,9 +114,10 @@ class _X86QuantConfig(QuantizationConfig):
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         kind = layer_kind(layer)
         if kind == scope.LM_HEAD and self.lm_head:
-            from vllm_x86.quant.lm_head import Int8LMHeadMethod
+            from vllm_x86.quant.lm_head import X86LMHeadMethod
 
-            return Int8LMHeadMethod()  # INT8 on request, whatever the layers' bits
+            # INT8 or INT4 on request, whatever the layers' bits
+            return X86LMHeadMethod(self.lm_head, self.group_size, self.zero_point)
         if kind == scope.MOE_EXPERTS:
             return self._moe_method(layer, prefix)
         if kind == scope.ROUTER:

@@ -115,7 +115,7 @@ def fake_quantize(
     method: str,
     group_size: int | None = None,
     zero_point: bool | None = None,
-    lm_head: bool | None = None,
+    lm_head: bool | int | str | None = None,
 ) -> dict[str, str]:
     """Give `model` (in place) the weights `method` ("x86_int8" or "x86_int4") quantizes,
     quantized and dequantized. Options left None come from the environment as for
@@ -135,7 +135,7 @@ def fake_quantize(
             inp = model.get_input_embeddings()
             if inp is not None and inp.weight is wt.param:
                 raise NotImplementedError(
-                    "an INT8 LM head tied to the input embedding: the reference would "
+                    "a quantized LM head tied to the input embedding: the reference would "
                     "quantize the embedding too"
                 )
         data = wt.param.data
@@ -147,7 +147,7 @@ def fake_quantize(
             w = w.to(torch.bfloat16)  # vLLM quantizes the bf16 weight it loaded
             n, k = w.shape
             if wt.kind == scope.LM_HEAD:
-                why = m.lm_head_bf16_reason(n, k, m.int8_kernel())
+                why = m.lm_head_bf16_reason(n, k, wbits, group_size)
             else:
                 why = m.bf16_reason(wbits, n, k, group_size, m.weight_kernel(wbits, group_size))
             if why is not None:

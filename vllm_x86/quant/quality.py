@@ -45,6 +45,7 @@ VARIANTS: dict[str, tuple[str | None, dict[str, str]]] = {
     # x86_int4's default: group 128 with zero points
     "x86_int4": ("x86_int4", {}),
     "x86_int4-head": ("x86_int4", {"VLLM_X86_QUANT_LM_HEAD": "1"}),
+    "x86_int4-head4": ("x86_int4", {"VLLM_X86_QUANT_LM_HEAD": "int4"}),
     "x86_int4-sym": ("x86_int4", {"VLLM_X86_QUANT_ZERO_POINT": "0"}),
     "x86_int4-g64": ("x86_int4", {"VLLM_X86_QUANT_GROUP_SIZE": "64"}),
     "x86_int4-g32": ("x86_int4", {"VLLM_X86_QUANT_GROUP_SIZE": "32"}),

@@ -9,8 +9,8 @@ fake-quantized reference (fake.py) ask this module, so they cannot disagree:
   (w2, [H, I]) quantized on its own, exactly as a Linear weight of that shape;
 - ``router``: the MoE router (``...mlp.gate``; vLLM's ``GateLinear``): stays in bf16,
   so the choice of experts is the bf16 model's;
-- ``lm_head``: INT8 (for both methods) only when asked (``VLLM_X86_QUANT_LM_HEAD=1``,
-  ``vllm-x86 quantize --lm-head``), else bf16;
+- ``lm_head``: INT8 (``VLLM_X86_QUANT_LM_HEAD=1``, ``vllm-x86 quantize --lm-head``) or
+  INT4 (``VLLM_X86_QUANT_LM_HEAD=int4``), for both methods, only when asked; else bf16;
 - ``mamba1_mixer``: the Linear layers of a Mamba-1 mixer (in_proj, x_proj, dt_proj,
   out_proj of Mamba, FalconMamba and Jamba's Mamba layers): bf16. vLLM builds its
   ``MambaMixer`` (vllm/model_executor/layers/mamba/mamba_mixer.py) without the
@@ -79,7 +79,7 @@ def plan(
     if kind == "lm_head":
         if not lm_head:
             return Plan(None, reason="the LM head stays in bf16 unless asked for")
-        bits = 8  # an INT8 LM head for both methods (lm_head.py)
+        bits = lm_head_bits(lm_head)  # INT8 (or INT4) on request, either method (lm_head.py)
     elif kind not in QUANTIZED_KINDS:
         return Plan(None, reason=f"{kind} weights stay in bf16")
     if bits == 8:
@@ -131,29 +131,51 @@ def checkpoint_kind(name: str, model_type: str | None) -> str:
     return kind
 
 
-def weight_bits(kind: str, bits: int, lm_head: bool) -> int | None:
+def weight_bits(kind: str, bits: int, lm_head: bool | int) -> int | None:
     """The bits a weight of `kind` is quantized to under a method of `bits` (8 or 4),
-    or None for bf16 (shape rules aside: ``plan``). The LM head is INT8 on request."""
+    or None for bf16 (shape rules aside: ``plan``). The LM head is INT8 or INT4 on
+    request (`lm_head`: lm_head_bits's values), whatever the method."""
     if kind == LM_HEAD:
-        return 8 if lm_head else None
+        return lm_head_bits(lm_head) or None
     return bits if kind in QUANTIZED_KINDS else None
+
+
+def lm_head_bits(value: bool | int | str | None) -> int:
+    """What VLLM_X86_QUANT_LM_HEAD (or a prepacked checkpoint's `lm_head`) asks for, in
+    bits: 0 (the model's dtype), 8 (`1`, `int8`) or 4 (`int4`: the groups and zero
+    points of x86_int4, VLLM_X86_QUANT_GROUP_SIZE and VLLM_X86_QUANT_ZERO_POINT)."""
+    if value is None or isinstance(value, bool):
+        return 8 if value else 0
+    if isinstance(value, int) and value in (0, 4, 8):
+        return value
+    v = str(value).strip().lower()
+    if v in ("", "0", "false", "no", "off"):
+        return 0
+    if v in ("1", "true", "yes", "on", "8", "int8"):
+        return 8
+    if v in ("4", "int4"):
+        return 4
+    raise ValueError(
+        f"VLLM_X86_QUANT_LM_HEAD must be 0 (the model's dtype), 1 or int8 (INT8) or int4, "
+        f"not {value!r}"
+    )
 
 
 def options(
     bits: int,
     group_size: int | None = None,
     zero_point: bool | None = None,
-    lm_head: bool | None = None,
-) -> tuple[int, bool, bool]:
-    """(group_size, zero_point, lm_head) with the unset ones from the environment
-    (VLLM_X86_QUANT_GROUP_SIZE, VLLM_X86_QUANT_ZERO_POINT, VLLM_X86_QUANT_LM_HEAD):
-    what a model quantized while it loads uses."""
+    lm_head: bool | int | str | None = None,
+) -> tuple[int, bool, int]:
+    """(group_size, zero_point, lm_head bits: 0, 8 or 4) with the unset ones from the
+    environment (VLLM_X86_QUANT_GROUP_SIZE, VLLM_X86_QUANT_ZERO_POINT,
+    VLLM_X86_QUANT_LM_HEAD): what a model quantized while it loads uses. Zero points
+    apply to INT4 weights, the LM head's included."""
     from vllm_x86 import envs
 
     if group_size is None:
         group_size = int(envs.get("VLLM_X86_QUANT_GROUP_SIZE"))
     if zero_point is None:
         zero_point = envs.get_bool("VLLM_X86_QUANT_ZERO_POINT")
-    if lm_head is None:
-        lm_head = envs.get_bool("VLLM_X86_QUANT_LM_HEAD")
-    return group_size, bool(zero_point) and bits == 4, bool(lm_head)
+    head = lm_head_bits(envs.get("VLLM_X86_QUANT_LM_HEAD") if lm_head is None else lm_head)
+    return group_size, bool(zero_point) and (bits == 4 or head == 4), head
