@@ -51,6 +51,13 @@ SETTINGS: tuple[Setting, ...] = (
         "CPU ops run; platform defaults stay. For kernels-on/off comparisons.",
     ),
     Setting(
+        "VLLM_X86_DIRECT_ATTENTION",
+        "1",
+        "Qwen3 attention with the fused q/k-norm and rotary kernel calls vLLM CPU's two "
+        "attention kernels itself instead of through vLLM's Attention layer and its "
+        "Python custom ops (same kernels, same arguments); 0: through the layer.",
+    ),
+    Setting(
         "VLLM_X86_QUANT_GROUP_SIZE",
         "128",
         "x86_int4 quantizing a bf16 checkpoint while it loads: input channels per scale "

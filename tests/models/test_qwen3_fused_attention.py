@@ -57,12 +57,12 @@ IDS = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359]]
 UNFUSED = "all,-rotary_embedding"  # vLLM's rotary CustomOp off: vLLM's own sequence
 MARK = "=== engine "
 
-# The five engines (bf16 and fp32, fused and vLLM's sequence, and fp32 compiled with the
-# CustomOps on) one after another in one fresh process: one Python + vLLM import
-# instead of five. Each engine still builds its model in its own engine-core process;
+# The six engines (bf16 and fp32, fused and vLLM's sequence, fp32 compiled with the
+# CustomOps on, and bf16 fused with attention through vLLM's layer) one after another in
+# one fresh process: one Python + vLLM import instead of six. Each engine still builds its model in its own engine-core process;
 # a marker line says whose log follows.
 _RUN = """
-import gc, json, sys
+import gc, json, os, sys
 from vllm import LLM, SamplingParams
 model, ids, new, unfused, mark = sys.argv[1:]
 ids = json.loads(ids)
@@ -71,8 +71,11 @@ engines = [(d, n, o, True) for d in ("bfloat16", "float32")
            for n, o in (("fused", None), ("unfused", unfused))]
 # compiled mode with vLLM's CustomOps on: the plugin's ops inside the compiled graph
 engines.append(("float32", "compiled", "all", False))
+# fused, with attention through vLLM's layer instead of the plugin's direct call
+engines.append(("bfloat16", "fused-layer", None, True))
 for dtype, name, ops, eager in engines:
     key = dtype + "-" + name
+    os.environ["VLLM_X86_DIRECT_ATTENTION"] = "0" if name == "fused-layer" else "1"
     print(mark + key, flush=True)
     kw = {"compilation_config": {"custom_ops": ops.split(",")}} if ops else {}
     llm = LLM(model, dtype=dtype, enforce_eager=eager, max_model_len=1024, seed=0, **kw)
@@ -142,3 +145,13 @@ def test_fused_attention_runs_inside_a_compiled_graph(tiny_qwen3, runs):
     ]
     assert compiled["token_ids"] == runs["float32-fused"]["token_ids"]
     assert compiled["token_ids"] == transformers_greedy(tiny_qwen3, IDS)
+
+
+def test_direct_attention_equals_vllm_layer(runs):
+    """The fused path calls vLLM CPU's attention kernels itself (direct_attention); with
+    VLLM_X86_DIRECT_ATTENTION=0 it goes through vLLM's Attention layer: same tokens."""
+    direct, layer = runs["bfloat16-fused"], runs["bfloat16-fused-layer"]
+    assert "goes through vLLM's layer" not in direct["log"]
+    assert "goes through vLLM's layer: VLLM_X86_DIRECT_ATTENTION=0" in layer["log"]
+    assert "2 Qwen3Attention modules use the fused kernel" in layer["log"]
+    assert direct["token_ids"] == layer["token_ids"]
