@@ -208,8 +208,8 @@ class X86Platform(CpuPlatform):
                 __version__,
                 hardware.plugin_supported()[1],
             )
+        cls._apply_omp_env()  # before the layout sets VLLM_CPU_OMP_THREADS_BIND itself
         cls._apply_thread_layout()
-        cls._apply_omp_env()
         cls._apply_kv_cache_size(vllm_config)
         cls._apply_mla_backend(vllm_config)
         # what vLLM decided before vLLM CPU switches it off
@@ -315,6 +315,8 @@ class X86Platform(CpuPlatform):
         if "omp" in os.environ.get(CHOSEN_ENV, "").split(","):
             return  # chosen (and logged) by the process that started this one
         _mark_chosen("omp")
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+            return  # the model runs in this process, whose libgomp has read its settings
         defaults.apply_omp_env()
         chosen = os.environ.get(defaults.OMP_CHOSEN_ENV)
         if chosen:

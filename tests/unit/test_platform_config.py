@@ -21,6 +21,7 @@ print("CONFIG " + json.dumps({
     "reserved": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
     "method": os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"),
     "frozen": __import__("gc").get_freeze_count(),
+    "gomp": os.environ.get("GOMP_SPINCOUNT"),
 }))
 """
 
@@ -55,6 +56,18 @@ def test_plugin_defaults(model):
     assert c["bind"] == bind
     assert c["reserved"] is None  # an explicit CPU list needs no reservation setting
     assert "vllm-x86: KV cache" in c["log"]
+    # for the engine and worker processes vLLM spawns from here (defaults.omp_env)
+    from vllm_x86.defaults import omp_env
+
+    assert c["gomp"] == omp_env(environ={})[0].get("GOMP_SPINCOUNT")
+
+
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
+def test_openmp_setting_left_alone_in_process_and_when_yours(model):
+    """The model runs in this process (no engine process): its libgomp has read its
+    environment already, so nothing is set; a GOMP_SPINCOUNT of yours stays."""
+    assert config(model, VLLM_ENABLE_V1_MULTIPROCESSING="0")["gomp"] is None
+    assert config(model, GOMP_SPINCOUNT="1234")["gomp"] == "1234"
 
 
 @pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
