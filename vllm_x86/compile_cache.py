@@ -44,6 +44,10 @@ AOT_SUBDIR = Path("torch_compile_cache") / "torch_aot_compile"
 # Set by the first process (the API server) so its engine and worker processes, which
 # inherit the environment, do not check the cache again.
 CHECKED_ENV = "VLLM_X86_COMPILE_CACHE_CHECKED"
+# When this start checked the cache (time.time()): files written after it are this
+# start's own (vLLM compiling again over an artifact it could not load, e.g. after a
+# source change), so seal records them anew instead of leaving a stale manifest.
+CHECKED_AT_ENV = "VLLM_X86_COMPILE_CACHE_CHECKED_AT"
 
 
 def key_factors() -> dict[str, str]:
@@ -152,12 +156,17 @@ def check(root: Path) -> list[tuple[str, str]]:
     return moved
 
 
-def seal(root: Path, model: str | None = None) -> int:
-    """Write a manifest into every artifact directory under `root` that has none; the
-    number written. Called by a worker once it has compiled (or loaded) and warmed up."""
+def seal(root: Path, model: str | None = None, written_since: float | None = None) -> int:
+    """Write a manifest into every artifact directory under `root` that has none, or
+    whose files were written at or after `written_since` (the start's check: vLLM wrote
+    them in this start, over an artifact it would not load); the number written. Called
+    by a worker once it has compiled (or loaded) and warmed up."""
     n = 0
     for entry in _entries(root):
-        if (entry / MANIFEST).exists():
+        if (entry / MANIFEST).exists() and not (
+            written_since is not None
+            and any(p.stat().st_mtime >= written_since for p in _files(entry))
+        ):
             continue
         files = {
             str(p.relative_to(entry)): {"size": p.stat().st_size, "sha256": _file_digest(p)}
@@ -201,6 +210,7 @@ def apply(vllm_config) -> Path | None:
     moved = check(root)
     os.environ["VLLM_CACHE_ROOT"] = str(root)
     os.environ[CHECKED_ENV] = str(root)
+    os.environ[CHECKED_AT_ENV] = repr(time.time())
     logger.info(
         "vllm-x86: compile cache %s (keyed by plugin, vLLM, torch, Python and ISA; "
         "%d artifact(s) checked in %.2f s%s)",
@@ -218,7 +228,12 @@ def seal_after_warmup(vllm_config) -> None:
     if not root:
         return
     try:
-        n = seal(Path(root), getattr(vllm_config.model_config, "model", None))
+        since = os.environ.get(CHECKED_AT_ENV)
+        n = seal(
+            Path(root),
+            getattr(vllm_config.model_config, "model", None),
+            float(since) if since else None,
+        )
     except OSError as e:  # a cache we cannot write is not worth failing a start for
         logger.warning("vllm-x86: could not write the compile cache manifest: %s", e)
         return

@@ -50,6 +50,29 @@ def test_sealed_entry_passes_and_unsealed_is_left_alone(tmp_path):
     assert entry.exists()
 
 
+def test_an_artifact_rewritten_in_this_start_is_sealed_anew(tmp_path):
+    """vLLM compiles again over an artifact it would not load (after a source change)
+    and saves to the same directory: the manifest is rewritten, not left stale for the
+    next start to take for damage; files older than the start's check keep theirs."""
+    import os
+    import time
+
+    entry = _artifact(tmp_path)
+    assert cc.seal(tmp_path) == 1
+    old = (entry / cc.MANIFEST).read_text()
+    checked_at = time.time()
+    assert cc.seal(tmp_path, written_since=checked_at + 60) == 0  # nothing newer
+    assert (entry / cc.MANIFEST).read_text() == old
+    (entry / "rank_0_0" / "model").write_bytes(b"recompiled model" * 50)
+    os.utime(entry / "rank_0_0" / "model", (checked_at + 1, checked_at + 1))
+    assert cc.seal(tmp_path, written_since=checked_at) == 1
+    assert cc.check(tmp_path) == [] and entry.exists()
+    # without the start's time (an older worker): left as it was, and then caught
+    (entry / "rank_0_0" / "model").write_bytes(b"changed again" * 10)
+    assert cc.seal(tmp_path) == 0
+    assert [name for name, _ in cc.check(tmp_path)] == [entry.name]
+
+
 def test_damaged_entries_are_moved_aside(tmp_path):
     for name, damage in [
         ("flipped", lambda e: (e / "rank_0_0" / "model").write_bytes(b"X" * 2000)),
