@@ -86,7 +86,7 @@ def omp_env(
         return {}, None
     cpu = cpu or hardware.cpu_info()
     bind, _ = choose_threads(cpu)
-    if bind is None or _count_cpus(bind) < len(cpu.core_cpus or cpu.logical_cpus):
+    if bind is None or len(hardware._parse_list(bind)) < len(cpu.core_cpus or cpu.logical_cpus):
         return {}, None  # a core is left to the engine loop
     return {"GOMP_SPINCOUNT": str(SHARED_LAYOUT_SPINCOUNT)}, (
         f"every core runs a model thread: idle OpenMP threads spin {SHARED_LAYOUT_SPINCOUNT} "
@@ -109,14 +109,6 @@ def apply_omp_env(environ=None, cpu: hardware.CpuInfo | None = None) -> dict[str
         env.update(chosen)
         env[OMP_CHOSEN_ENV] = " ".join(f"{k}={v}" for k, v in chosen.items())
     return chosen
-
-
-def _count_cpus(cpu_list: str) -> int:
-    n = 0
-    for part in cpu_list.split(","):
-        lo, _, hi = part.partition("-")
-        n += int(hi or lo) - int(lo) + 1
-    return n
 
 
 def _cpu_list(cpus: list[int]) -> str:

@@ -39,27 +39,24 @@ class X86LMHeadMethod(UnquantizedEmbeddingMethod):
             m._warn_once("lmhead", "vllm-x86: the LM head stays in bf16: %s", problem)
             super().process_weights_after_loading(layer)
             return
-        kernel = m.lm_head_kernel(self.bits, self.group_size)
+        kernel = m.weight_kernel(self.bits, self.group_size)
+        g = m.effective_group_size(k, self.group_size) if self.bits == 4 else None
+        packed = m.quantize_pack(self.bits, kernel, w, g, self.zero_point)
         layer.x86_lm_kernel = kernel
-        if self.bits == 8:
-            q, scale = m.quantize_int8(w)
-            layer.x86_lm_weight = m.pack_int8_for(kernel, q)
-            layer.x86_lm_scale = scale
-            m.logger.info("vllm-x86: LM head (%d x %d) in INT8", n, k)
-            return
-        g = m.effective_group_size(k, self.group_size)
-        packed = m.quantize_pack(4, kernel, w, g, self.zero_point)
         layer.x86_lm_group = g
         layer.x86_lm_weight = packed["weight"]
         layer.x86_lm_scale = packed["weight_scale"]
-        layer.x86_lm_zp = packed["weight_zp"]
-        m.logger.info(
-            "vllm-x86: LM head (%d x %d) in INT4 (groups of %d%s)",
-            n,
-            k,
-            g,
-            ", zero points" if self.zero_point else "",
-        )
+        layer.x86_lm_zp = packed.get("weight_zp")
+        if self.bits == 8:
+            m.logger.info("vllm-x86: LM head (%d x %d) in INT8", n, k)
+        else:
+            m.logger.info(
+                "vllm-x86: LM head (%d x %d) in INT4 (groups of %d%s)",
+                n,
+                k,
+                g,
+                ", zero points" if self.zero_point else "",
+            )
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if not getattr(layer, "x86_lm_head", False):

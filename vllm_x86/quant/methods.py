@@ -407,14 +407,9 @@ def bf16_reason(bits: int, n: int, k: int, group_size: int, kernel: str) -> str 
     return int4_shape_problem(n, k, group_size, kernel)
 
 
-def lm_head_kernel(bits: int, group_size: int) -> str:
-    """The kernel an LM head asked for in INT8 or INT4 runs on (int8_kernel, int4_kernel)."""
-    return int8_kernel() if bits == 8 else int4_kernel(group_size)
-
-
 def lm_head_bf16_reason(n: int, k: int, bits: int = 8, group_size: int = 128) -> str | None:
     """Why an LM head asked for in INT8 or INT4 stays in bf16 (lm_head.py), or None."""
-    kernel = lm_head_kernel(bits, group_size)
+    kernel = weight_kernel(bits, group_size)
     if bits == 8:
         if kernel == "torch":
             return "INT8 LM head needs the plugin's INT8 kernel (AMX or AVX-512 VNNI)"
