@@ -64,7 +64,8 @@ SHARED_LAYOUT_SPINCOUNT = 10000
 def omp_env(
     cpu: hardware.CpuInfo | None = None, environ: dict[str, str] | None = None
 ) -> tuple[dict[str, str], str | None]:
-    """OpenMP settings for the processes that run the model: (variables to set, reason).
+    """OpenMP settings for the processes that run the model: (variables to set, why these
+    or why none).
 
     They must be in a process's environment before torch loads libgomp (it reads them
     once), so `vllm-x86 serve`, the daemon and the platform (for the processes vLLM
@@ -81,13 +82,13 @@ def omp_env(
     """
     env = os.environ if environ is None else environ
     if any(env.get(k) for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")):
-        return {}, None
+        return {}, "your GOMP_SPINCOUNT / OMP_WAIT_POLICY"
     if any(env.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")):
-        return {}, None
+        return {}, "libgomp's defaults: you chose the thread layout"
     cpu = cpu or hardware.cpu_info()
     bind, _ = choose_threads(cpu)
     if bind is None or len(hardware._parse_list(bind)) < len(cpu.core_cpus or cpu.logical_cpus):
-        return {}, None  # a core is left to the engine loop
+        return {}, "libgomp's defaults: a core is left to the engine loop"
     return {"GOMP_SPINCOUNT": str(SHARED_LAYOUT_SPINCOUNT)}, (
         f"every core runs a model thread: idle OpenMP threads spin {SHARED_LAYOUT_SPINCOUNT} "
         "times, not libgomp's 300,000, before they sleep, so the engine loop gets a core "

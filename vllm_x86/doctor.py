@@ -124,15 +124,7 @@ def collect() -> dict:
             "reserved": 0 if bind else "vLLM default (1 core per worker)",
         }
     omp, omp_why = omp_env(cpu)
-    openmp = {
-        "set": omp,
-        "source": omp_why
-        or (
-            "your GOMP_SPINCOUNT / OMP_WAIT_POLICY"
-            if os.environ.get("GOMP_SPINCOUNT") or os.environ.get("OMP_WAIT_POLICY")
-            else "libgomp's defaults"
-        ),
-    }
+    openmp = {"set": omp, "source": omp_why}
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         kv = {
             "gib": float(os.environ["VLLM_CPU_KVCACHE_SPACE"]),

@@ -116,24 +116,25 @@ def test_omp_spin_count_where_every_core_runs_a_model_thread():
 
 
 @pytest.mark.parametrize(
-    "environ",
+    ("environ", "why"),
     [
-        {"GOMP_SPINCOUNT": "300000"},
-        {"OMP_WAIT_POLICY": "ACTIVE"},
-        {"VLLM_CPU_OMP_THREADS_BIND": "0"},
-        {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"},
+        ({"GOMP_SPINCOUNT": "300000"}, "your GOMP_SPINCOUNT / OMP_WAIT_POLICY"),
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, "your GOMP_SPINCOUNT / OMP_WAIT_POLICY"),
+        ({"VLLM_CPU_OMP_THREADS_BIND": "0"}, "libgomp's defaults: you chose the thread layout"),
+        ({"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}, "libgomp's defaults: you chose the thread layout"),
     ],
 )
-def test_omp_settings_of_yours_are_left_alone(environ):
+def test_omp_settings_of_yours_are_left_alone(environ, why):
     env = dict(environ)
-    assert defaults.omp_env(cpu(2), environ=env) == ({}, None)
+    assert defaults.omp_env(cpu(2), environ=env) == ({}, why)
     assert defaults.apply_omp_env(env, cpu(2)) == {}
     assert env == environ
 
 
 def test_no_omp_setting_where_a_core_is_left_to_the_engine_loop(monkeypatch):
-    assert defaults.omp_env(cpu(32), environ={}) == ({}, None)  # vLLM's layout
+    left = ({}, "libgomp's defaults: a core is left to the engine loop")
+    assert defaults.omp_env(cpu(32), environ={}) == left  # vLLM's layout
     monkeypatch.setenv("VLLM_X86_THREADS", "1")
-    assert defaults.omp_env(cpu(2), environ={}) == ({}, None)
+    assert defaults.omp_env(cpu(2), environ={}) == left
     monkeypatch.setenv("VLLM_X86_THREADS", "2")
     assert defaults.omp_env(cpu(2), environ={})[0] == {"GOMP_SPINCOUNT": "10000"}
