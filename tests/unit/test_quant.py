@@ -242,6 +242,28 @@ def test_a8_kernels_match_their_reference(vnni_a8, n, rows):
     assert _rel(_int_ops(x, w, bias)[0], exact) < 2e-2
 
 
+@pytest.mark.parametrize("n", [16, 48, 80, 1024])
+def test_a8_kernels_on_one_row(vnni_a8, n):
+    """One row with 8-bit activations (VLLM_X86_QUANT_A8_ROWS=1, INT4's default) runs
+    its own path, one channel block at a time: against the float32 reference that
+    rounds the activations the same way, INT8 and INT4 with and without zero points,
+    every remainder of the 4-block unit, with an outlier."""
+    from vllm_x86.ops import reference
+
+    C = vnni_a8
+    C.set_quant_a8_rows(1)
+    w, x = _data(n, 1024, 1, seed=n)
+    x[0, 5] = 60.0
+    bias = torch.randn(n)
+    assert reference.takes_a8(1)
+    for y, ref in zip(_int_ops(x, w, bias), _int_refs(x, w, bias), strict=True):
+        assert y.dtype == torch.bfloat16 and y.shape == (1, n)
+        assert _rel(y, ref.float()) < 3e-3
+    q, scale = m.quantize_int8(w)
+    exact = x.float() @ m.dequantize_int8(q, scale).t() + bias
+    assert _rel(_int_ops(x, w, bias)[0], exact) < 2e-2
+
+
 def test_a8_rows_setting_switches_at_its_row_count(vnni_a8):
     """Below VLLM_X86_QUANT_A8_ROWS rows the ops give the 16-bit kernels' bits, from it
     on other ones (8-bit activations); 0 never switches; a bad setting is a sentence."""
