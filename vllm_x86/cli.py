@@ -324,7 +324,7 @@ def cmd_quantize(ns: argparse.Namespace) -> int:
             group_size=ns.group_size,
             zero_point=not ns.symmetric,
             force=ns.force,
-            lm_head=ns.lm_head,
+            lm_head=ns.lm_head or False,
             method=ns.method or ("gptq" if ns.bits == 4 and not ns.symmetric else "rtn"),
             progress=lambda m: print(m, flush=True),
         )
@@ -510,9 +510,14 @@ def build_parser() -> argparse.ArgumentParser:
     qz.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     qz.add_argument(
         "--lm-head",
-        action="store_true",
-        help="run the LM head in INT8 too (quantized from the bf16 head while loading); "
-        "default: bf16",
+        nargs="?",
+        const="int8",
+        default=None,
+        choices=("int8", "int4"),
+        help="run the LM head in INT8 (`--lm-head` or `--lm-head int8`: quantized from the "
+        "bf16 head while loading) or INT4 (`--lm-head int4`: with --method gptq its codes "
+        "are calibrated like the layers' and written with the checkpoint, about +1 %% "
+        "perplexity on SmolLM2 where rounding costs +15 %%); default: bf16",
     )
     return p
 

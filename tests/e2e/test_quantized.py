@@ -91,23 +91,34 @@ def test_prepacked_equals_quantized_while_loading(tiny, tmp_path, bits, lm_head)
 
 def test_cli_int4_default_is_gptq_and_serves(tiny, tmp_path):
     """`vllm-x86 quantize --bits 4` calibrates (GPTQ) by default, says so while it
-    works, and its output serves; its codes differ from round-to-nearest ones."""
+    works, and its output serves; its codes differ from round-to-nearest ones. With
+    `--lm-head int4` the LM head's GPTQ codes go into x86/lm_head.safetensors (format
+    version 3, in the manifest), the server packs those (its log says so), and a
+    truncated codes file stops the start with a sentence."""
     from safetensors import safe_open
 
     from vllm_x86.quant.convert import quantize_checkpoint
 
     out = tmp_path / "gptq"
     r = subprocess.run(
-        [PYTHON, "-m", "vllm_x86.cli", "quantize", str(tiny), str(out), "--bits", "4"],
+        [PYTHON, "-m", "vllm_x86.cli", "quantize", str(tiny), str(out), "--bits", "4",
+         "--lm-head", "int4"],
         capture_output=True,
         text=True,
         timeout=900,
         env=clean_env(),
-    )
+    )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "GPTQ: calibrating on" in r.stdout and "serve it with" in r.stdout
+    assert "LM head: GPTQ codes (INT4, groups of 128) in x86/lm_head.safetensors" in r.stdout
     cfg = json.loads((out / "config.json").read_text())["quantization_config"]
     assert cfg["method"] == "gptq" and cfg["quant_method"] == "x86_int4"
+    assert cfg["lm_head"] == 4 and cfg["lm_head_codes"] == "x86/lm_head.safetensors"
+    assert cfg["format_version"] == 3
+    manifest = json.loads((out / "x86_quant.json").read_text())
+    assert "x86/lm_head.safetensors" in manifest["files"] and manifest["format_version"] == 3
+    with safe_open(str(out / "x86/lm_head.safetensors"), "pt") as f:
+        assert f.get_tensor("qweight").shape == (49152, 128)
     rtn = tmp_path / "rtn"
     quantize_checkpoint(tiny, rtn, 4, method="rtn", progress=None)
     key = "model.layers.0.mlp.down_proj.weight"
@@ -116,6 +127,15 @@ def test_cli_int4_default_is_gptq_and_serves(tiny, tmp_path):
             assert not torch.equal(a.get_tensor(key), b.get_tensor(key))
     served = generate(out)
     assert len(served["token_ids"][0]) == NEW_TOKENS
+    assert (
+        "LM head (49152 x 256) in INT4 (groups of 128, zero points, the checkpoint's GPTQ "
+        "codes)" in served["log"]
+    )
+    codes = out / "x86/lm_head.safetensors"
+    codes.write_bytes(codes.read_bytes()[:-4096])
+    r = generate(out, check=False)
+    assert r.returncode != 0
+    assert "lm_head.safetensors is" in r.stdout + r.stderr and "truncated" in r.stdout + r.stderr
 
 
 def test_truncated_prepacked_checkpoint_is_refused(tiny, tmp_path):

@@ -245,3 +245,62 @@ def test_codes_unpack_to_what_gptq_returned():
     assert c.nibbles.dtype == torch.uint8 and c.nibbles.shape == (32, 64)
     for got, exp in zip(c.unpack(), r):
         assert torch.equal(got, exp)
+
+
+def test_the_lm_head_is_calibrated_on_the_quantized_models_final_norm_outputs():
+    """With head_group, sequential_gptq ends with the LM head: its codes are GPTQ's for
+    H = X^T X of what the final norm puts out in the model whose layers it has just
+    quantized (an independent forward pass of that model), and with a lower output
+    error on those inputs than round to nearest; without head_group there are none."""
+    model, ids = _tiny_model("LlamaForCausalLM")
+    head = model.get_output_embeddings().weight.detach().float().clone()
+    codes = gptq.sequential_gptq(model, ids, _in_layers, head_group=64)
+    assert gptq.HEAD in codes
+    with torch.no_grad():
+        xs = [model.model(row[None], use_cache=False).last_hidden_state[0].float() for row in ids]
+    h = sum(x.t() @ x for x in xs)
+    want = gptq.quantize_int4_gptq(head, h, 64)
+    got = codes[gptq.HEAD].unpack()
+    # the same H up to float32 summation order: the same codes on all but a few weights
+    assert (got[0] != want[0]).float().mean() < 0.01
+    x = torch.cat(xs)
+    assert _out_err(x, head, *got, 64) < 0.8 * _out_err(x, head, *quantize_int4(head, 64, True), 64)
+    model2, ids2 = _tiny_model("LlamaForCausalLM")
+    assert gptq.HEAD not in gptq.sequential_gptq(model2, ids2, _in_layers)
+
+
+def test_final_norm_is_found_or_named_missing():
+    model, _ = _tiny_model("Qwen3ForCausalLM")
+    assert gptq.final_norm(model) is model.model.norm
+    del model.model.norm
+    with pytest.raises(ValueError, match="no final norm"):
+        gptq.final_norm(model)
+
+
+def test_lm_head_codes_load_checked_and_padded(tmp_path):
+    """The converter's head codes file loads as quantize_int4's triple; rows vLLM pads
+    the vocabulary with get zero codes and scales; a file for another head (rows,
+    columns or groups) or a damaged one is a FormatError that says what to do."""
+    from safetensors.torch import save_file
+
+    from vllm_x86.quant.format import FormatError
+    from vllm_x86.quant.lm_head import load_codes
+
+    w, x = _layer(n=96, k=128)
+    q, s, z = gptq.quantize_int4_gptq(w, x.t() @ x, 64)
+    c = gptq.Codes.of(q, s, z)
+    path = tmp_path / "lm_head.safetensors"
+    tensors = {"qweight": c.nibbles, "scale": c.scale, "zero": c.zero.to(torch.uint8)}
+    save_file(tensors, str(path), metadata={"group_size": "64"})
+    got = load_codes(str(path), 96, 128, 64)
+    for a, b in zip(got, (q, s, z)):
+        assert torch.equal(a, b)
+    gq, gs, gz = load_codes(str(path), 128, 128, 64)  # 32 padded rows
+    assert torch.equal(gq[:96], q) and not gq[96:].any()
+    assert torch.equal(gs[:, :96], s) and not gs[:, 96:].float().any() and not gz[:, 96:].any()
+    for n, k, g in ((64, 128, 64), (96, 256, 64), (96, 128, 128)):
+        with pytest.raises(FormatError, match="not for this model's"):
+            load_codes(str(path), n, k, g)
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(FormatError, match="could not be read.*quantize the bf16 model again"):
+        load_codes(str(path), 96, 128, 64)

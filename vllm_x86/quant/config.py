@@ -18,6 +18,7 @@ The embeddings stay in bf16, and so does the LM head unless VLLM_X86_QUANT_LM_HE
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -54,6 +55,7 @@ class _X86QuantConfig(QuantizationConfig):
         quantized_layers: list[str] | None = None,
         lm_head: bool | int | str | None = None,
         packed_experts: list[str] | None = None,
+        lm_head_codes: str | None = None,
     ) -> None:
         super().__init__()
         group_size, zero_point, lm_head = scope.options(self.BITS, group_size, zero_point, lm_head)
@@ -70,6 +72,10 @@ class _X86QuantConfig(QuantizationConfig):
         # prepacked: the checkpoint's names of the MoE layers whose experts it holds
         # packed (format version 2; the others are quantized while loading)
         self.packed_experts = list(packed_experts or [])
+        # prepacked: the file (relative to the checkpoint) with the LM head's INT4 codes
+        # (format version 3); its directory comes with maybe_update_config
+        self.lm_head_codes = lm_head_codes
+        self.model_dir: str | None = None
 
     def __repr__(self) -> str:
         extra = (
@@ -105,11 +111,13 @@ class _X86QuantConfig(QuantizationConfig):
             quantized_layers=config.get("quantized_layers"),
             lm_head=config.get("lm_head") if config.get("prepacked") else None,
             packed_experts=config.get("packed_experts"),
+            lm_head_codes=config.get("lm_head_codes") if config.get("prepacked") else None,
         )
 
     def maybe_update_config(self, model_name: str, *args, **kwargs) -> None:
         if self.prepacked:
             qformat.check_files(model_name)
+            self.model_dir = model_name
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         kind = layer_kind(layer)
@@ -117,7 +125,15 @@ class _X86QuantConfig(QuantizationConfig):
             from vllm_x86.quant.lm_head import X86LMHeadMethod
 
             # INT8 or INT4 on request, whatever the layers' bits
-            return X86LMHeadMethod(self.lm_head, self.group_size, self.zero_point)
+            codes = None
+            if self.lm_head_codes:
+                if self.model_dir is None:
+                    raise qformat.FormatError(
+                        "the checkpoint's LM head codes were asked for before its directory "
+                        "was known"
+                    )
+                codes = os.path.join(self.model_dir, self.lm_head_codes)
+            return X86LMHeadMethod(self.lm_head, self.group_size, self.zero_point, codes)
         if kind == scope.MOE_EXPERTS:
             return self._moe_method(layer, prefix)
         if kind == scope.ROUTER:

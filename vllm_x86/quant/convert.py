@@ -3,10 +3,12 @@
 The output is a model directory vLLM serves directly (`vllm-x86 serve OUT`): the
 decoder's Linear weights and the routed MoE experts quantized and packed in the kernels'
 layout, everything else (norms, embeddings, LM head, biases, MoE routers) copied as it
-is (with `--lm-head`
-the config asks for an INT8 LM head, made from the bf16 one while loading), tokenizer and other
-files copied, config.json with a `quantization_config` (format.py), and x86_quant.json
-with the size of every weight file.
+is, tokenizer and other files copied, config.json with a `quantization_config`
+(format.py), and x86_quant.json with the size of every weight file. With `--lm-head
+int8` (or `--lm-head`) the config asks for an INT8 LM head, made from the bf16 one while
+loading; with `--lm-head int4` for an INT4 one: with --method gptq its codes are
+calibrated like the decoder's (gptq.head_codes) and written to x86/lm_head.safetensors
+(format version 3), with --method rtn it is rounded while loading.
 
 Each Linear weight is quantized and packed on its own, under its checkpoint name
 (q_proj, k_proj, v_proj, ...): vLLM's loaders then fuse them as they do bf16 weights
@@ -135,7 +137,7 @@ def quantize_checkpoint(
     group_size: int = 128,
     zero_point: bool = True,
     force: bool = False,
-    lm_head: bool = False,
+    lm_head: bool | str = False,
     method: str = "rtn",
     calib_windows: int = 32,
     progress=print,
@@ -162,6 +164,10 @@ def quantize_checkpoint(
             "--method gptq is for INT4 with zero points (--bits 4 without --symmetric); "
             "use --method rtn"
         )
+    try:
+        head_bits = scope.lm_head_bits(lm_head)
+    except ValueError:
+        raise ConvertError(f"--lm-head must be int8 or int4, not {lm_head!r}") from None
     if not (src / "config.json").is_file():
         raise ConvertError(
             f"'{model_dir}' is not a model directory (no config.json); give the directory "
@@ -194,12 +200,25 @@ def quantize_checkpoint(
     except RuntimeError as e:
         raise ConvertError(str(e)) from None
 
+    head_group = None
+    if head_bits == 4 and method == "gptq":
+        text = config.get("text_config") or config
+        n_vocab, hidden = text.get("vocab_size"), text.get("hidden_size")
+        problem = (
+            m.lm_head_bf16_reason(n_vocab, hidden, 4, group_size)
+            if n_vocab and hidden
+            else "config.json has no vocab_size and hidden_size"
+        )
+        if problem:
+            raise ConvertError(f"--lm-head int4: {problem}")
+        head_group = m.effective_group_size(hidden, group_size)
     t0 = time.monotonic()
     codes = (
-        _calibrate(src, calib_windows, group_size, kernel, progress, model_type)
+        _calibrate(src, calib_windows, group_size, kernel, progress, model_type, head_group)
         if method == "gptq"
         else {}
     )
+    head = codes.pop(gptq_head_key(), None)
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -289,6 +308,14 @@ def quantize_checkpoint(
         save_file(tensors, str(tmp / f.name), metadata=metadata)
         weight_map.update({k: f.name for k in tensors})
         _say(progress, f"[{i}/{len(files)}] {f.name}: {len(tensors)} tensors written")
+    if head is not None:
+        (tmp / HEAD_CODES).parent.mkdir()
+        save_file(
+            {"qweight": head.nibbles, "scale": head.scale, "zero": head.zero.to(torch.uint8)},
+            str(tmp / HEAD_CODES),
+            metadata={"group_size": str(head_group)},
+        )
+        _say(progress, f"LM head: GPTQ codes (INT4, groups of {head_group}) in {HEAD_CODES}")
     if n_packed or moe["experts"] or moe["router"]:
         rtn = f"round to nearest{', not GPTQ' if method == 'gptq' else ''}"
         _say(
@@ -334,10 +361,14 @@ def quantize_checkpoint(
         "method": method,
         "prepacked": True,
         "layout": layout,
-        "format_version": qformat.FORMAT_VERSION,
+        "format_version": qformat.HEAD_CODES_VERSION
+        if head is not None
+        else qformat.FORMAT_VERSION,
         "quantized_layers": quantized,
-        # the LM head is stored in bf16 and quantized to INT8 while loading (lm_head.py)
-        "lm_head": bool(lm_head),
+        # the LM head's bits (0: bf16); stored in bf16 and quantized while loading
+        # (lm_head.py), unless its GPTQ codes are in lm_head_codes
+        "lm_head": head_bits,
+        **({"lm_head_codes": HEAD_CODES} if head is not None else {}),
         # routed MoE experts: the layers whose experts are packed (moe.pack_experts);
         # experts written as they were are quantized while loading (moe.py)
         **(
@@ -358,7 +389,8 @@ def quantize_checkpoint(
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     manifest = qformat.write_manifest(
         str(tmp),
-        {
+        version=qformat.HEAD_CODES_VERSION if head is not None else qformat.FORMAT_VERSION,
+        extra={
             "quant_method": name,
             "written_by": f"vllm-x86 {__version__}",
             "source": str(src),
@@ -383,6 +415,15 @@ def quantize_checkpoint(
         f"{time.monotonic() - t0:.1f} s; serve it with: vllm-x86 serve {out}",
     )
     return manifest
+
+
+HEAD_CODES = "x86/lm_head.safetensors"  # beside the weights vLLM loads, not among them
+
+
+def gptq_head_key() -> str:
+    from vllm_x86.quant import gptq
+
+    return gptq.HEAD
 
 
 def _keys(f) -> list[str]:
@@ -415,11 +456,18 @@ def src_dtype(files) -> str:
 
 
 def _calibrate(
-    src: Path, windows: int, group_size: int, kernel: str, progress, model_type=None
+    src: Path,
+    windows: int,
+    group_size: int,
+    kernel: str,
+    progress,
+    model_type=None,
+    head_group: int | None = None,
 ) -> dict:
     """GPTQ codes of every quantizable Linear layer whose shape the kernel takes
     (gptq.sequential_gptq), running the checkpoint through transformers on the
-    calibration text one decoder layer at a time."""
+    calibration text one decoder layer at a time; with `head_group`, the LM head's
+    too (under gptq.HEAD)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vllm_x86.quant import gptq
@@ -468,7 +516,11 @@ def _calibrate(
     _say(progress, f"GPTQ: calibrating on {ids.numel()} tokens, one decoder layer at a time")
     try:
         codes = gptq.sequential_gptq(
-            model, ids, group_size_of, lambda msg: _say(progress, "  GPTQ: " + msg)
+            model,
+            ids,
+            group_size_of,
+            lambda msg: _say(progress, "  GPTQ: " + msg),
+            head_group=head_group,
         )
     except ValueError as e:  # a forward pass GPTQ cannot follow layer by layer
         raise ConvertError(f"GPTQ: {e}; use --method rtn") from None

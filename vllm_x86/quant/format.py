@@ -8,6 +8,9 @@ vLLM's parameter names, fused projections whole), plus:
   group_size, zero_point, prepacked: true, layout (the kernels' packing), format_version,
   quantized_layers, and packed_experts (the MoE layers whose routed experts are packed,
   each expert's gate, up and down under its checkpoint names; format version 2);
+  lm_head (the LM head's bits, 0 for bf16) and lm_head_codes (format version 3: the
+  file with its INT4 codes, x86/lm_head.safetensors: qweight [N, K/2] uint8, two codes
+  a byte, even columns low; scale [K/g, N] bf16; zero [K/g, N] uint8);
 - x86_quant.json: the format version and the size of every weight file, so that a
   truncated or replaced file is caught before anything is loaded.
 
@@ -25,7 +28,11 @@ from typing import Any
 # reader of version 1 would load into bf16 parameters. Version 1 (MoE experts stored in
 # bf16, quantized while loading; Linear layers as in version 2) still loads.
 FORMAT_VERSION = 2
-READS = (1, 2)
+# Version 3: version 2 plus the LM head's INT4 codes (GPTQ) in quantization_config's
+# lm_head_codes file, which a reader of version 2 would not load (it would round the
+# bf16 head instead). Written only by checkpoints that have them.
+HEAD_CODES_VERSION = 3
+READS = (1, 2, 3)
 MANIFEST = "x86_quant.json"
 
 
@@ -110,13 +117,18 @@ def _check_safetensors(fpath: str, size: int) -> None:
             raise FormatError(f"{fpath}: tensor {key} lies past the end of the file (truncated)")
 
 
-def write_manifest(out_dir: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    files = {
-        name: {"bytes": os.path.getsize(os.path.join(out_dir, name))}
-        for name in sorted(os.listdir(out_dir))
-        if name.endswith(".safetensors")
-    }
-    manifest = {"format_version": FORMAT_VERSION, "files": files, **(extra or {})}
+def write_manifest(
+    out_dir: str, extra: dict[str, Any] | None = None, version: int = FORMAT_VERSION
+) -> dict[str, Any]:
+    names = [n for n in sorted(os.listdir(out_dir)) if n.endswith(".safetensors")]
+    if os.path.isdir(os.path.join(out_dir, "x86")):  # the plugin's own files (LM head codes)
+        names += [
+            f"x86/{n}"
+            for n in sorted(os.listdir(os.path.join(out_dir, "x86")))
+            if n.endswith(".safetensors")
+        ]
+    files = {name: {"bytes": os.path.getsize(os.path.join(out_dir, name))} for name in names}
+    manifest = {"format_version": version, "files": files, **(extra or {})}
     with open(os.path.join(out_dir, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")

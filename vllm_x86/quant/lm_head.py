@@ -1,5 +1,5 @@
 """The LM head in INT8 or INT4, on request (`VLLM_X86_QUANT_LM_HEAD=1` or `int8`, or
-`int4`; or a prepacked checkpoint written with `vllm-x86 quantize --lm-head`: INT8).
+`int4`; or a prepacked checkpoint written with `vllm-x86 quantize --lm-head int8|int4`).
 
 Decoding a token reads the LM head whole: for models with large vocabularies it is a
 large share of the bytes (Qwen3-0.6B: 156 M of its 596 M weights read per token), so
@@ -10,6 +10,12 @@ and zero points (VLLM_X86_QUANT_GROUP_SIZE, VLLM_X86_QUANT_ZERO_POINT), on the s
 kernels. The input embedding keeps its bf16 table: a lookup reads one row per token,
 and with tied embeddings the two share that table, so the quantized copy is extra
 memory (1 or half a byte per weight), not a replacement.
+
+A prepacked checkpoint written with `--lm-head int4 --method gptq` carries the head's
+GPTQ codes (format.py, lm_head_codes): they are packed instead of rounding the bf16
+head, after checks that they are this head's (rows, columns, groups); round to nearest
+costs the default model about 15 % perplexity in the head alone, GPTQ about 1 %
+(gptq.py).
 """
 
 from __future__ import annotations
@@ -21,11 +27,18 @@ from vllm_x86.quant import methods as m
 
 
 class X86LMHeadMethod(UnquantizedEmbeddingMethod):
-    def __init__(self, bits: int = 8, group_size: int = 128, zero_point: bool = True):
+    def __init__(
+        self,
+        bits: int = 8,
+        group_size: int = 128,
+        zero_point: bool = True,
+        codes: str | None = None,
+    ):
         super().__init__()
         self.bits = bits
         self.group_size = group_size
         self.zero_point = zero_point
+        self.codes = codes  # a prepacked checkpoint's file with the head's INT4 codes
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         if getattr(layer, "x86_done", False):
@@ -41,7 +54,10 @@ class X86LMHeadMethod(UnquantizedEmbeddingMethod):
             return
         kernel = m.weight_kernel(self.bits, self.group_size)
         g = m.effective_group_size(k, self.group_size) if self.bits == 4 else None
-        packed = m.quantize_pack(self.bits, kernel, w, g, self.zero_point)
+        if self.codes:
+            packed = m.pack_int4_for(kernel, *load_codes(self.codes, n, k, g))
+        else:
+            packed = m.quantize_pack(self.bits, kernel, w, g, self.zero_point)
         layer.x86_lm_kernel = kernel
         layer.x86_lm_group = g
         layer.x86_lm_weight = packed["weight"]
@@ -51,11 +67,12 @@ class X86LMHeadMethod(UnquantizedEmbeddingMethod):
             m.logger.info("vllm-x86: LM head (%d x %d) in INT8", n, k)
         else:
             m.logger.info(
-                "vllm-x86: LM head (%d x %d) in INT4 (groups of %d%s)",
+                "vllm-x86: LM head (%d x %d) in INT4 (groups of %d%s%s)",
                 n,
                 k,
                 g,
-                ", zero points" if self.zero_point else "",
+                ", zero points" if self.zero_point or self.codes else "",
+                ", the checkpoint's GPTQ codes" if self.codes else "",
             )
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -76,3 +93,45 @@ class X86LMHeadMethod(UnquantizedEmbeddingMethod):
                 b,
             )
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def load_codes(path: str, n: int, k: int, group: int):
+    """The INT4 codes of an [n, k] LM head from a prepacked checkpoint's lm_head_codes
+    file, as quantize_int4 returns them (q [n, k] int32, scale [k/g, n] bf16, zero
+    [k/g, n] int32). Rows past the file's (vLLM pads the vocabulary to a multiple of 64)
+    get zero codes and scales. Anything else that does not match is a FormatError."""
+    from safetensors import safe_open
+
+    from vllm_x86.quant import format as qformat
+
+    try:
+        with safe_open(path, framework="pt") as f:
+            meta = f.metadata() or {}
+            nib, scale, zero = (f.get_tensor(x) for x in ("qweight", "scale", "zero"))
+    except Exception as e:  # missing file or tensor, damaged header
+        raise qformat.FormatError(
+            f"the checkpoint's LM head codes ({path}) could not be read "
+            f"({type(e).__name__}: {e}); quantize the bf16 model again"
+        ) from None
+    rows = nib.shape[0]
+    if (
+        str(group) != meta.get("group_size")
+        or nib.dtype != torch.uint8
+        or tuple(nib.shape) != (rows, k // 2)
+        or rows > n
+        or tuple(scale.shape) != (k // group, rows)
+        or tuple(zero.shape) != (k // group, rows)
+    ):
+        raise qformat.FormatError(
+            f"the LM head codes in {path} (qweight {tuple(nib.shape)}, groups of "
+            f"{meta.get('group_size')}) are not for this model's {n} x {k} head in groups "
+            f"of {group}; quantize the bf16 model again"
+        )
+    p = nib.to(torch.int32)
+    q = torch.stack([p & 15, p >> 4], -1).reshape(rows, k)
+    zero = zero.to(torch.int32)
+    if rows < n:
+        q = torch.cat([q, q.new_zeros(n - rows, k)])
+        scale = torch.cat([scale, scale.new_zeros(k // group, n - rows)], 1)
+        zero = torch.cat([zero, zero.new_zeros(k // group, n - rows)], 1)
+    return q, scale.to(torch.bfloat16), zero

@@ -368,7 +368,12 @@ def quantize_pack(
     if bits == 8:
         q, scale = quantize_int8(w)
         return {"weight": pack_int8_for(kernel, q), "weight_scale": scale}
-    q, scale, zero = quantize_int4(w, group, zero_point)
+    return pack_int4_for(kernel, *quantize_int4(w, group, zero_point))
+
+
+def pack_int4_for(kernel: str, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+    """quantize_int4's codes (or GPTQ's: the same format) packed for `kernel`, as
+    quantize_pack returns them."""
     if kernel == "w4a16":
         bw, bs, bz = pack_int4_w4a16(q, scale, zero)
         return {"weight": bw, "weight_scale": bs, "weight_zp": bz}

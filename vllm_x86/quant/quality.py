@@ -15,7 +15,8 @@ head in INT8 too; -a16: 16-bit activations at every row count (VLLM_X86_QUANT_A8
 x86_int8-w8a8 / x86_int4-w4a8: vLLM's kernels (8-bit activations);
 x86_int4-sym (symmetric groups), -g64, -g32; -wo: PyTorch's weight-only kernels on the
 same weights; x86_int4-gptq / x86_int4-rtn-prepacked: a directory `vllm-x86 quantize`
-writes first (GPTQ / round-to-nearest codes), served as it is. Prints a markdown table;
+writes first (GPTQ / round-to-nearest codes), served as it is; x86_int4-gptq-head4: the
+same with `--lm-head int4` (the LM head's GPTQ codes too). Prints a markdown table;
 --json writes the raw numbers (after every variant, so a run that stops keeps them).
 """
 
@@ -57,6 +58,8 @@ VARIANTS: dict[str, tuple[str | None, dict[str, str]]] = {
 # directory): converter arguments
 CONVERTED: dict[str, dict] = {
     "x86_int4-gptq": {"bits": 4, "method": "gptq"},
+    # the LM head in INT4 too, its codes calibrated with the layers'
+    "x86_int4-gptq-head4": {"bits": 4, "method": "gptq", "lm_head": "int4"},
     "x86_int4-rtn-prepacked": {"bits": 4, "method": "rtn"},
 }
 
