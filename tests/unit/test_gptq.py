@@ -304,3 +304,23 @@ def test_lm_head_codes_load_checked_and_padded(tmp_path):
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(FormatError, match="could not be read.*quantize the bf16 model again"):
         load_codes(str(path), 96, 128, 64)
+
+
+def test_converter_lm_head_values(tiny_bf16, tmp_path):
+    """--lm-head int4 without GPTQ writes the bf16 head and asks for INT4 while loading
+    (format version 2, no codes file), and says so; int8 likewise; another value is a
+    sentence."""
+    import json
+
+    from vllm_x86.quant.convert import ConvertError, quantize_checkpoint
+
+    for head, bits in (("int4", 4), ("int8", 8)):
+        said: list[str] = []
+        out = tmp_path / head
+        quantize_checkpoint(tiny_bf16, out, 4, method="rtn", lm_head=head, progress=said.append)
+        cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+        assert cfg["lm_head"] == bits and "lm_head_codes" not in cfg
+        assert cfg["format_version"] == 2 and not (out / "x86").exists()
+        assert any(f"quantized to INT{bits} while loading" in m for m in said), said
+    with pytest.raises(ConvertError, match="--lm-head must be int8 or int4, not 'int2'"):
+        quantize_checkpoint(tiny_bf16, tmp_path / "bad", 4, method="rtn", lm_head="int2")

@@ -150,6 +150,7 @@ def quantize_checkpoint(
     from vllm_x86 import __version__
     from vllm_x86.quant import methods as m
     from vllm_x86.quant import moe as moe_m
+    from vllm_x86.quant.gptq import HEAD as GPTQ_HEAD
 
     src, out = Path(model_dir).expanduser(), Path(out_dir).expanduser()
     name = {8: "x86_int8", 4: "x86_int4"}.get(bits)
@@ -218,7 +219,7 @@ def quantize_checkpoint(
         if method == "gptq"
         else {}
     )
-    head = codes.pop(gptq_head_key(), None)
+    head = codes.pop(GPTQ_HEAD, None)
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -316,6 +317,12 @@ def quantize_checkpoint(
             metadata={"group_size": str(head_group)},
         )
         _say(progress, f"LM head: GPTQ codes (INT4, groups of {head_group}) in {HEAD_CODES}")
+    elif head_bits:
+        _say(
+            progress,
+            f"LM head: written as it is, quantized to INT{head_bits} while loading"
+            + (" (round to nearest; --method gptq calibrates it)" if head_bits == 4 else ""),
+        )
     if n_packed or moe["experts"] or moe["router"]:
         rtn = f"round to nearest{', not GPTQ' if method == 'gptq' else ''}"
         _say(
@@ -418,12 +425,6 @@ def quantize_checkpoint(
 
 
 HEAD_CODES = "x86/lm_head.safetensors"  # beside the weights vLLM loads, not among them
-
-
-def gptq_head_key() -> str:
-    from vllm_x86.quant import gptq
-
-    return gptq.HEAD
 
 
 def _keys(f) -> list[str]:
