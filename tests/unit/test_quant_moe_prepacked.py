@@ -244,12 +244,13 @@ def test_config_picks_the_method_by_packed_experts(monkeypatch):
 def test_format_versions():
     from vllm_x86.quant import format as qf
 
-    assert qf.FORMAT_VERSION == 2 and qf.READS == (1, 2)
+    # 2 is written; 3 only by checkpoints with the LM head's INT4 codes
+    assert qf.FORMAT_VERSION == 2 and qf.HEAD_CODES_VERSION == 3 and qf.READS == (1, 2, 3)
     good = {"prepacked": True, "layout": qf.expected_layout("x86_int8")}
-    for v in (1, 2):
+    for v in (1, 2, 3):
         qf.check_config({**good, "format_version": v}, "x86_int8")
-    with pytest.raises(qf.FormatError, match="version 3; this vllm-x86 reads versions 1, 2"):
-        qf.check_config({**good, "format_version": 3}, "x86_int8")
+    with pytest.raises(qf.FormatError, match="version 4; this vllm-x86 reads versions 1, 2, 3"):
+        qf.check_config({**good, "format_version": 4}, "x86_int8")
 
 
 # ------------------------------------------------------------------ converter
