@@ -244,8 +244,8 @@ def test_a8_kernels_match_their_reference(vnni_a8, n, rows):
 
 @pytest.mark.parametrize("n", [16, 48, 80, 1024])
 def test_a8_kernels_on_one_row(vnni_a8, n):
-    """One row with 8-bit activations (VLLM_X86_QUANT_A8_ROWS=1, INT4's default) runs
-    its own path, one channel block at a time: against the float32 reference that
+    """One row with 8-bit activations (VLLM_X86_QUANT_A8_ROWS=1) goes one channel block
+    at a time instead of 4 side by side: against the float32 reference that
     rounds the activations the same way, INT8 and INT4 with and without zero points,
     every remainder of the 4-block unit, with an outlier."""
     from vllm_x86.ops import reference

@@ -65,11 +65,6 @@ enum Src { kRaw8, kRaw4, kBytes };
 #define VX_HINT _MM_HINT_T0
 #endif  // packed INT8, packed INT4, expanded unsigned bytes
 
-// An empty asm that says it may change v: the compiler cannot merge sums that go
-// through it (integer adds reassociate: without it GCC folds independent vpdpbusd
-// chains into one, bounded by the instruction's latency).
-inline void keep(__m512i& v) { asm volatile("" : "+v"(v)); }
-
 inline __m512i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -529,77 +524,6 @@ inline void tiles8(int64_t m, int nj, const uint8_t* const* blk, int64_t stride,
                   wscale, wzero, bias, out, ldo);
 }
 
-// One token, one channel block at a time (the weights in memory order, one stream, as
-// dot_one), 8-bit activations: the same int32 sums and the same float epilogue, in the
-// same order, as tile8 with T = 1 and NJ = 1, so the same output bit for bit. The sums
-// of each 64-input block go into 4 chains (vpdpbusd's latency, not its rate, bounds
-// one chain), kept apart with `keep`; with INT4 this is half the vpdpbusd of the 16-bit
-// path (one per 4 inputs instead of two).
-template <bool kInt4>
-inline void row8(const uint8_t* blk, int64_t kb_n, int64_t kb_per_wg, int64_t g_n,
-                 const int8_t* a, const float* ascale, const int32_t* asum, int64_t nb0,
-                 const float* wscale, const uint8_t* wzero, const float* bias, uint16_t* out) {
-  constexpr int64_t kStride = kInt4 ? 512 : 1024;  // bytes per 64-input block
-  constexpr int64_t ahead = kInt4 ? VX_PF4 : VX_PF8;
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  const __m512i mask = _mm512_set1_epi8(0x0f);
-  __m512 facc = _mm512_setzero_ps();
-  __m512i z = _mm512_setzero_si512();
-  __m512 ws = _mm512_setzero_ps();
-  for (int64_t kb = 0, wg = 0, in_g = 0; kb < kb_n; ++kb) {
-    const uint8_t* b0 = blk + kb * kStride;
-    if (ahead > 0)
-      for (int l = 0; l < kStride; l += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(b0 + ahead * kStride + l), VX_HINT);
-    const int8_t* x = a + kb * 64;
-    __m512i c[4];
-    for (int i = 0; i < 4; ++i) c[i] = _mm512_setzero_si512();
-    if (kInt4) {
-      for (int v = 0; v < 8; v += 2) {
-        for (int u = 0; u < 2; ++u) {
-          const __m512i b = _mm512_loadu_si512(b0 + 64 * (v + u));
-          const __m512i w0 = _mm512_and_si512(b, mask);
-          const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(b, 4), mask);
-          c[2 * u] = _mm512_dpbusd_epi32(c[2 * u], w0, bcast4(x + 4 * (v + u)));
-          c[2 * u + 1] = _mm512_dpbusd_epi32(c[2 * u + 1], w1, bcast4(x + 4 * (v + u + 8)));
-        }
-        for (auto& ci : c) keep(ci);
-      }
-    } else {
-      for (int r = 0; r < 16; r += 4) {
-        for (int u = 0; u < 4; ++u) {
-          const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(b0 + 64 * (r + u)), flip);
-          c[u] = _mm512_dpbusd_epi32(c[u], w, bcast4(x + 4 * (r + u)));
-        }
-        for (auto& ci : c) keep(ci);
-      }
-    }
-    const __m512i sum =
-        _mm512_add_epi32(_mm512_add_epi32(c[0], c[1]), _mm512_add_epi32(c[2], c[3]));
-    // add8's epilogue for one token and one block (same operations, same order)
-    const __m512i s = _mm512_set1_epi32(asum[kb]);
-    if (kInt4) {
-      if (in_g == 0) {
-        const int64_t o = (nb0 * g_n + wg) * 16;
-        z = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wzero + o)));
-        ws = _mm512_loadu_ps(wscale + o);
-      }
-      if (++in_g == kb_per_wg) in_g = 0, ++wg;
-      const __m512i cs = _mm512_sub_epi32(sum, _mm512_mullo_epi32(z, s));
-      facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(cs), _mm512_mul_ps(ws, _mm512_set1_ps(ascale[kb])),
-                             facc);
-    } else {
-      const __m512i cs = _mm512_sub_epi32(sum, _mm512_slli_epi32(s, 7));
-      facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(cs), _mm512_set1_ps(ascale[kb]), facc);
-    }
-  }
-  const int64_t n0 = nb0 * 16;
-  __m512 v = facc;
-  if (!kInt4) v = _mm512_mul_ps(v, _mm512_loadu_ps(wscale + n0));
-  if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + n0));
-  store_bf16_row(out + n0, v);
-}
-
 template <bool kInt4>
 void gemm_a8(const int8_t* a, const float* ascale, const int32_t* asum, int64_t m, int64_t k,
              int64_t group, const void* w, const float* wscale, const uint8_t* wzero,
@@ -609,14 +533,12 @@ void gemm_a8(const int8_t* a, const float* ascale, const int32_t* asum, int64_t 
   const auto* wb = static_cast<const uint8_t*>(w);
   const bool expand = kInt4 && m >= VX_EXPAND_ROWS_A8;
   uint8_t* bytes = expand ? expand_buffer(kb_n) : nullptr;
-  if (m == 1) {
-    for (int64_t nb = nb_begin; nb < nb_end; ++nb)
-      row8<kInt4>(wb + nb * kb_n * kBlock, kb_n, kb_per_wg, g_n, a, ascale, asum, nb, wscale,
-                  wzero, bias, out);
-    return;
-  }
-  for (int64_t nb0 = nb_begin; nb0 < nb_end; nb0 += 4) {
-    const int nj = static_cast<int>(nb_end - nb0 < 4 ? nb_end - nb0 : 4);
+  // One row (VLLM_X86_QUANT_A8_ROWS=1): one channel block at a time, so the weights are
+  // read in memory order as one stream (as dot_one does with 16-bit activations);
+  // 4 blocks side by side were slower than 16-bit activations at one row.
+  const int64_t unit = m == 1 ? 1 : 4;
+  for (int64_t nb0 = nb_begin; nb0 < nb_end; nb0 += unit) {
+    const int nj = static_cast<int>(nb_end - nb0 < unit ? nb_end - nb0 : unit);
     const uint8_t* blk[4];
     const int64_t stride = block_pointers(wb, kBlock, kb_n, nb0, nj, bytes, blk);
     if (expand)
