@@ -310,13 +310,15 @@ def quantize_checkpoint(
         weight_map.update({k: f.name for k in tensors})
         _say(progress, f"[{i}/{len(files)}] {f.name}: {len(tensors)} tensors written")
     if head is not None:
-        (tmp / HEAD_CODES).parent.mkdir()
+        (tmp / qformat.HEAD_CODES).parent.mkdir()
         save_file(
             {"qweight": head.nibbles, "scale": head.scale, "zero": head.zero.to(torch.uint8)},
-            str(tmp / HEAD_CODES),
+            str(tmp / qformat.HEAD_CODES),
             metadata={"group_size": str(head_group)},
         )
-        _say(progress, f"LM head: GPTQ codes (INT4, groups of {head_group}) in {HEAD_CODES}")
+        _say(
+            progress, f"LM head: GPTQ codes (INT4, groups of {head_group}) in {qformat.HEAD_CODES}"
+        )
     elif head_bits:
         _say(
             progress,
@@ -375,7 +377,7 @@ def quantize_checkpoint(
         # the LM head's bits (0: bf16); stored in bf16 and quantized while loading
         # (lm_head.py), unless its GPTQ codes are in lm_head_codes
         "lm_head": head_bits,
-        **({"lm_head_codes": HEAD_CODES} if head is not None else {}),
+        **({"lm_head_codes": qformat.HEAD_CODES} if head is not None else {}),
         # routed MoE experts: the layers whose experts are packed (moe.pack_experts);
         # experts written as they were are quantized while loading (moe.py)
         **(
@@ -422,9 +424,6 @@ def quantize_checkpoint(
         f"{time.monotonic() - t0:.1f} s; serve it with: vllm-x86 serve {out}",
     )
     return manifest
-
-
-HEAD_CODES = "x86/lm_head.safetensors"  # beside the weights vLLM loads, not among them
 
 
 def _keys(f) -> list[str]:

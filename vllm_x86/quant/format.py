@@ -34,6 +34,10 @@ FORMAT_VERSION = 2
 HEAD_CODES_VERSION = 3
 READS = (1, 2, 3)
 MANIFEST = "x86_quant.json"
+# The plugin's own files beside the weights (a subdirectory: vLLM's loader takes every
+# *.safetensors at the top for weights), and the LM head's INT4 codes there (version 3).
+OWN_DIR = "x86"
+HEAD_CODES = f"{OWN_DIR}/lm_head.safetensors"
 
 
 class FormatError(ValueError):
@@ -121,12 +125,9 @@ def write_manifest(
     out_dir: str, extra: dict[str, Any] | None = None, version: int = FORMAT_VERSION
 ) -> dict[str, Any]:
     names = [n for n in sorted(os.listdir(out_dir)) if n.endswith(".safetensors")]
-    if os.path.isdir(os.path.join(out_dir, "x86")):  # the plugin's own files (LM head codes)
-        names += [
-            f"x86/{n}"
-            for n in sorted(os.listdir(os.path.join(out_dir, "x86")))
-            if n.endswith(".safetensors")
-        ]
+    own = os.path.join(out_dir, OWN_DIR)
+    if os.path.isdir(own):
+        names += [f"{OWN_DIR}/{n}" for n in sorted(os.listdir(own)) if n.endswith(".safetensors")]
     files = {name: {"bytes": os.path.getsize(os.path.join(out_dir, name))} for name in names}
     manifest = {"format_version": version, "files": files, **(extra or {})}
     with open(os.path.join(out_dir, MANIFEST), "w") as f:

@@ -127,9 +127,9 @@ def load_codes(path: str, n: int, k: int, group: int):
             f"{meta.get('group_size')}) are not for this model's {n} x {k} head in groups "
             f"of {group}; quantize the bf16 model again"
         )
-    p = nib.to(torch.int32)
-    q = torch.stack([p & 15, p >> 4], -1).reshape(rows, k)
-    zero = zero.to(torch.int32)
+    from vllm_x86.quant.gptq import Codes
+
+    q, scale, zero = Codes(nib, scale, zero.to(torch.int32)).unpack()
     if rows < n:
         q = torch.cat([q, q.new_zeros(n - rows, k)])
         scale = torch.cat([scale, scale.new_zeros(k // group, n - rows)], 1)
