@@ -55,14 +55,14 @@ def _restore_environ():
 @pytest.fixture(scope="session")
 def default_model() -> Path:
     """The default model (SmolLM2-135M-Instruct), pulled and converted once."""
-    from vllm_x86.models.pull import pull
+    from vllm_x86.tools.models.pull import pull
 
     return pull()
 
 
 @pytest.fixture
 def free_port() -> int:
-    from vllm_x86.ports import free_port as pick
+    from vllm_x86.tools.ports import free_port as pick
 
     return pick()
 

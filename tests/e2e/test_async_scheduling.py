@@ -41,7 +41,7 @@ def _run(model, value: str) -> dict:
 
 
 def test_async_scheduling_on_gives_the_tokens_of_synchronous_steps(default_model):
-    from vllm_x86.bench.synthetic import build
+    from vllm_x86.tools.bench.synthetic import build
 
     tiny = build("tiny-llama")
     sync = _run(tiny, "0")

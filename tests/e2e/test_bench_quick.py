@@ -17,8 +17,8 @@ import subprocess
 import pytest
 
 from tests.conftest import PYTHON, clean_env
-from vllm_x86.bench.contenders import llamacpp_available
-from vllm_x86.bench.workload import Workload, figures
+from vllm_x86.tools.bench.contenders import llamacpp_available
+from vllm_x86.tools.bench.workload import Workload, figures
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def quick(default_model, tmp_path_factory):
         [
             PYTHON,
             "-m",
-            "vllm_x86.cli",
+            "vllm_x86.tools.cli",
             "bench",
             "--quick",
             "--contenders",

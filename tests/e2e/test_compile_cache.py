@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import clean_env
 from tests.e2e.tiny_server import TinyServer
-from vllm_x86 import compile_cache as cc
+from vllm_x86.runtime.startup import compile_cache as cc
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def _start_and_ask(model, env, log_path) -> str:
 
 
 def test_cache_is_loaded_and_a_damaged_entry_rebuilt(tmp_path):
-    from vllm_x86.bench.synthetic import build
+    from vllm_x86.tools.bench.synthetic import build
 
     tiny = build("tiny-llama")
     cache = tmp_path / "cache"
@@ -40,7 +40,7 @@ def test_cache_is_loaded_and_a_damaged_entry_rebuilt(tmp_path):
     assert len(roots) == 1
     entries = [p for p in (roots[0] / cc.AOT_SUBDIR).iterdir() if p.is_dir()]
     assert entries and all((e / cc.MANIFEST).exists() for e in entries), log1[-3000:]
-    # an intact cache: vLLM loads its AOT artifact (patches.py), no compile
+    # an intact cache: vLLM loads its AOT artifact (runtime/patches/aot_finalize_loading.py), no compile
     again = _start_and_ask(tiny, env, tmp_path / "again.log")
     log_again = (tmp_path / "again.log").read_text()
     assert "Directly load AOT compilation" in log_again, log_again[-4000:]

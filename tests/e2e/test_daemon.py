@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from tests.conftest import PYTHON, clean_env
-from vllm_x86.daemon import client, paths
-from vllm_x86.ports import free_port
+from vllm_x86.tools.daemon import client, paths
+from vllm_x86.tools.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ PROMPT = "The capital of France is"
 
 def _cli(env, *args, timeout=600):
     return subprocess.run(
-        [PYTHON, "-m", "vllm_x86.cli", *args],
+        [PYTHON, "-m", "vllm_x86.tools.cli", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -120,8 +120,8 @@ def test_serve_hands_the_default_model_to_the_daemon(daemon):
     assert srv["state"] == "ready" and srv["port"] == daemon["port"]
     assert srv["pid"] != daemon["pid"]
     base = f"http://127.0.0.1:{daemon['port']}"
-    assert _models(base) == ["smollm2-135m-instruct"]
-    daemon["daemon_text"] = _greedy(base, "smollm2-135m-instruct")
+    assert _models(base) == ["smollm2-135m-instruct-q4_1"]
+    daemon["daemon_text"] = _greedy(base, "smollm2-135m-instruct-q4_1")
     assert "Paris" in daemon["daemon_text"]
     log = open(srv["log"]).read()
     assert "engine-core and worker processes start by fork" in log
@@ -130,16 +130,16 @@ def test_serve_hands_the_default_model_to_the_daemon(daemon):
     assert pinned and "-1" not in pinned.group(1), log[-3000:]
     assert "platform plugin active" in log
     # the tokenizer copies and the chat-template lookup ran beside the engine start
-    # (patches.py, frontend_warmup_during_engine_start), and chat works after it
+    # (runtime/patches/frontend_warmup.py), and chat works after it
     assert re.search(r"tokenizer copies and processor chat-template lookup.* done beside", log), (
         log[-3000:]
     )
-    assert "Paris" in _greedy_chat(base, "smollm2-135m-instruct")
+    assert "Paris" in _greedy_chat(base, "smollm2-135m-instruct-q4_1")
     print(f"\ndaemon-served default model ready {secs:.1f} s after `serve`")
 
 
 def test_serving_another_model_replaces_the_first(daemon):
-    from vllm_x86.bench.synthetic import build
+    from vllm_x86.tools.bench.synthetic import build
 
     first = client.running(daemon["files"])["server"]
     tiny = build("tiny-llama")
@@ -187,7 +187,7 @@ def test_corrupt_checkpoint_is_a_clear_error_and_the_daemon_stays_usable(
     # and the next request works
     r, _, st = _serve(daemon)
     assert r.returncode == 0, r.stderr
-    assert "Paris" in _greedy(f"http://127.0.0.1:{daemon['port']}", "smollm2-135m-instruct")
+    assert "Paris" in _greedy(f"http://127.0.0.1:{daemon['port']}", "smollm2-135m-instruct-q4_1")
 
 
 def _one_server(cmd, env, model_name):
@@ -224,17 +224,17 @@ def _one_server(cmd, env, model_name):
 def test_greedy_output_equals_cold_and_stock_servers(daemon, default_model):
     base = f"http://127.0.0.1:{daemon['port']}"
     daemon_text = (
-        _greedy(base, "smollm2-135m-instruct"),
-        _greedy_chat(base, "smollm2-135m-instruct"),
+        _greedy(base, "smollm2-135m-instruct-q4_1"),
+        _greedy_chat(base, "smollm2-135m-instruct-q4_1"),
     )
     # one engine at a time on the machine: stop the daemon's server first
     port = client.running(daemon["files"])["port"]
     code, _ = client.request(port, "POST", "/stop-model", {}, timeout=120)
     assert code == 200
     cold = _one_server(
-        [PYTHON, "-m", "vllm_x86.cli", "serve", "--no-daemon"],
+        [PYTHON, "-m", "vllm_x86.tools.cli", "serve", "--no-daemon"],
         daemon["env"],
-        "smollm2-135m-instruct",
+        "smollm2-135m-instruct-q4_1",
     )
     stock = _one_server(
         [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(default_model),
@@ -269,7 +269,7 @@ def test_stop_leaves_nothing_behind(daemon):
 
 
 def test_start_with_a_model_preloads_it_and_serve_then_answers_at_once(tmp_path):
-    from vllm_x86.bench.synthetic import build
+    from vllm_x86.tools.bench.synthetic import build
 
     env = clean_env(VLLM_X86_DAEMON_DIR=str(tmp_path))
     f = paths.files(tmp_path)

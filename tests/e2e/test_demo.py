@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def test_demo_answers_the_question_and_stops_its_server(default_model):
     p = subprocess.run(
-        [PYTHON, "-m", "vllm_x86.cli", "demo", "--max-tokens", "16"],
+        [PYTHON, "-m", "vllm_x86.tools.cli", "demo", "--max-tokens", "16"],
         env=clean_env(),
         capture_output=True,
         text=True,

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import HELPERS, PYTHON, clean_env
-from vllm_x86.quant.methods import quant_isa
+from vllm_x86.runtime.quant.methods import quant_isa
 
 pytestmark = [
     pytest.mark.slow,
@@ -34,7 +34,7 @@ NEW_TOKENS = 16
 @pytest.fixture(scope="module")
 def tiny(default_model):
     """Random-weight tiny Llama (hidden 256, 4 layers) with the default model's tokenizer."""
-    from vllm_x86.bench.synthetic import build
+    from vllm_x86.tools.bench.synthetic import build
 
     return build("tiny-llama")
 
@@ -71,7 +71,7 @@ def generate(
 
 @pytest.mark.parametrize("bits,lm_head", [(8, False), (4, False), (4, True)])
 def test_prepacked_equals_quantized_while_loading(tiny, tmp_path, bits, lm_head):
-    from vllm_x86.quant.convert import quantize_checkpoint
+    from vllm_x86.tools.quantize.convert import quantize_checkpoint
 
     out = tmp_path / f"int{bits}"
     quantize_checkpoint(tiny, out, bits, lm_head=lm_head, progress=None)
@@ -97,11 +97,11 @@ def test_cli_int4_default_is_gptq_and_serves(tiny, tmp_path):
     truncated codes file stops the start with a sentence."""
     from safetensors import safe_open
 
-    from vllm_x86.quant.convert import quantize_checkpoint
+    from vllm_x86.tools.quantize.convert import quantize_checkpoint
 
     out = tmp_path / "gptq"
     r = subprocess.run(
-        [PYTHON, "-m", "vllm_x86.cli", "quantize", str(tiny), str(out), "--bits", "4",
+        [PYTHON, "-m", "vllm_x86.tools.cli", "quantize", str(tiny), str(out), "--bits", "4",
          "--lm-head", "int4"],
         capture_output=True,
         text=True,
@@ -139,7 +139,7 @@ def test_cli_int4_default_is_gptq_and_serves(tiny, tmp_path):
 
 
 def test_truncated_prepacked_checkpoint_is_refused(tiny, tmp_path):
-    from vllm_x86.quant.convert import quantize_checkpoint
+    from vllm_x86.tools.quantize.convert import quantize_checkpoint
 
     out = tmp_path / "int8"
     quantize_checkpoint(tiny, out, 8, progress=None)
@@ -158,7 +158,7 @@ def _write_awq(src, dst, group: int = 128) -> None:
 
     from safetensors.torch import load_file, save_file
 
-    from vllm_x86.quant import methods as m
+    from vllm_x86.runtime.quant import methods as m
 
     shutil.copytree(src, dst)
     deq_dir = dst.parent / (dst.name + "-dequant")

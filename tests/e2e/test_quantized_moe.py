@@ -44,7 +44,7 @@ import pytest
 import torch
 
 from tests.conftest import HELPERS, PYTHON, clean_env
-from vllm_x86.quant.methods import quant_isa
+from vllm_x86.runtime.quant.methods import quant_isa
 
 pytestmark = [
     pytest.mark.slow,
@@ -63,7 +63,7 @@ EXTRA = {"Qwen3MoeForCausalLM": {"norm_topk_prob": True}}
 
 
 def _checkpoint(arch: str):
-    from vllm_x86.models import tiny
+    from vllm_x86.tools.conformance import tiny
 
     cfg = tiny.tiny_config(arch, EXTRA.get(arch))
     return tiny.build(arch, cfg), tiny.prompt_ids(tiny.text_config(cfg).vocab_size)
@@ -102,8 +102,9 @@ def _serve(model, prompt, *extra, eager=True, env=None) -> dict:
 
 def _reference(model_dir, bits: int, quantize_experts: bool):
     """transformers float32, weights rounded to bf16, then fake-quantized."""
-    from vllm_x86.models import tiny
-    from vllm_x86.quant import fake, scope
+    from vllm_x86.runtime.quant import scope
+    from vllm_x86.tools.conformance import fake_quant as fake
+    from vllm_x86.tools.conformance import tiny
 
     model = tiny._load(model_dir, "float32")
     with torch.no_grad():
@@ -223,7 +224,7 @@ def _version1(packed, bf16, dst):
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from vllm_x86.quant import format as qformat
+    from vllm_x86.runtime.quant import format as qformat
 
     shutil.copytree(packed, dst)
     with safe_open(str(bf16 / "model.safetensors"), "pt") as f:
@@ -251,7 +252,7 @@ def test_prepacked_moe_checkpoint_equals_quantized_while_loading(tmp_path, bits)
     version 1 (experts in bf16) still loads: its experts are quantized while loading."""
     from safetensors import safe_open
 
-    from vllm_x86.quant.convert import quantize_checkpoint
+    from vllm_x86.tools.quantize.convert import quantize_checkpoint
 
     src, prompt = _checkpoint("Qwen3MoeForCausalLM")
     bf16 = tmp_path / "bf16"

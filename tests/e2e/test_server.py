@@ -41,7 +41,7 @@ def _listening_addresses(port: int) -> set[str]:
 
 @pytest.fixture(scope="module")
 def server(default_model, tmp_path_factory):
-    from vllm_x86.ports import free_port
+    from vllm_x86.tools.ports import free_port
 
     port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
@@ -50,7 +50,7 @@ def server(default_model, tmp_path_factory):
         [
             PYTHON,
             "-m",
-            "vllm_x86.cli",
+            "vllm_x86.tools.cli",
             "serve",
             "--port",
             str(port),
@@ -104,7 +104,7 @@ def test_plugin_is_the_platform(server):
 def test_model_processes_get_the_openmp_setting(server):
     """Where every core runs a model thread, libgomp in the server's processes reads
     GOMP_SPINCOUNT from their environment (defaults.omp_env); elsewhere nothing is set."""
-    from vllm_x86 import defaults
+    from vllm_x86.runtime import defaults
 
     expected, _ = defaults.omp_env(environ=clean_env())
     pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
@@ -129,7 +129,7 @@ def test_models(server):
     r = httpx.get(f"{server['base']}/v1/models", timeout=10)
     assert r.status_code == 200
     ids = [m["id"] for m in r.json()["data"]]
-    assert ids == ["smollm2-135m-instruct"]
+    assert ids == ["smollm2-135m-instruct-q4_1"]
 
 
 def test_chat_completion(server):
@@ -137,7 +137,7 @@ def test_chat_completion(server):
         f"{server['base']}/v1/chat/completions",
         timeout=120,
         json={
-            "model": "smollm2-135m-instruct",
+            "model": "smollm2-135m-instruct-q4_1",
             "messages": QUESTION,
             "temperature": 0,
             "max_tokens": 16,
@@ -156,7 +156,7 @@ def test_chat_completion_streaming(server):
         f"{server['base']}/v1/chat/completions",
         timeout=120,
         json={
-            "model": "smollm2-135m-instruct",
+            "model": "smollm2-135m-instruct-q4_1",
             "messages": QUESTION,
             "temperature": 0,
             "max_tokens": 16,
@@ -185,7 +185,7 @@ def test_completion(server):
         f"{server['base']}/v1/completions",
         timeout=120,
         json={
-            "model": "smollm2-135m-instruct",
+            "model": "smollm2-135m-instruct-q4_1",
             "prompt": "The capital of France is",
             "temperature": 0,
             "max_tokens": 8,
@@ -202,7 +202,7 @@ def test_overlong_prompt_is_400_and_server_keeps_serving(server):
     r = httpx.post(
         f"{server['base']}/v1/completions",
         timeout=120,
-        json={"model": "smollm2-135m-instruct", "prompt": prompt, "max_tokens": 8},
+        json={"model": "smollm2-135m-instruct-q4_1", "prompt": prompt, "max_tokens": 8},
     )
     assert r.status_code == 400
     message = r.json()["error"]["message"]
@@ -214,7 +214,7 @@ def test_malformed_json_is_400_and_server_keeps_serving(server):
     r = httpx.post(
         f"{server['base']}/v1/chat/completions",
         timeout=30,
-        content=b'{"model": "smollm2-135m-instruct", "messages": [',
+        content=b'{"model": "smollm2-135m-instruct-q4_1", "messages": [',
         headers={"content-type": "application/json"},
     )
     assert 400 <= r.status_code < 500
@@ -223,7 +223,7 @@ def test_malformed_json_is_400_and_server_keeps_serving(server):
 
 def _chat_cli(server, *args, stdin=None):
     return subprocess.run(
-        [PYTHON, "-m", "vllm_x86.cli", "chat", "--url", f"{server['base']}/v1", *args],
+        [PYTHON, "-m", "vllm_x86.tools.cli", "chat", "--url", f"{server['base']}/v1", *args],
         input=stdin,
         capture_output=True,
         text=True,

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import clean_env
 from tests.e2e.tiny_server import TinyServer
-from vllm_x86 import compile_cache as cc
+from vllm_x86.runtime.startup import compile_cache as cc
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ SWITCHED = "staged warm-up: serving the compiled model"
 
 @pytest.fixture(scope="module")
 def tiny():
-    from vllm_x86.bench.synthetic import build
+    from vllm_x86.tools.bench.synthetic import build
 
     return build("tiny-llama")
 

@@ -12,7 +12,7 @@ import time
 import httpx
 
 from tests.conftest import PYTHON
-from vllm_x86.ports import free_port
+from vllm_x86.tools.ports import free_port
 
 
 class TinyServer:
@@ -24,7 +24,7 @@ class TinyServer:
         self.log_path = log_path
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [PYTHON, "-m", "vllm_x86.cli", "serve", str(model), "--no-daemon", "--port",
+                [PYTHON, "-m", "vllm_x86.tools.cli", "serve", str(model), "--no-daemon", "--port",
                  str(self.port), "--max-model-len", "256", "--dtype", "float32",
                  "--served-model-name", "tiny"],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

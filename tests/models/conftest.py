@@ -33,7 +33,7 @@ DEFAULT_MODES = ("fp32-eager", "bf16-eager")
 
 
 def conformance_modes(config) -> tuple[str, ...]:
-    from vllm_x86.models.archs import MODES, QUANT_MODES
+    from vllm_x86.tools.conformance.archs import MODES, QUANT_MODES
 
     raw = config.getoption("--modes")
     if raw == "all":
@@ -50,7 +50,7 @@ def conformance_modes(config) -> tuple[str, ...]:
 def conformance_mode_archs(config) -> dict[str, set[str]]:
     """Modes restricted to some architectures: without --modes, the quantized ones run
     for QUANT_CI_ARCHS only (run_suite's `mode_archs`)."""
-    from vllm_x86.models.archs import QUANT_CI_ARCHS, QUANT_MODES
+    from vllm_x86.tools.conformance.archs import QUANT_CI_ARCHS, QUANT_MODES
 
     if config.getoption("--modes"):
         return {}
@@ -60,12 +60,14 @@ def conformance_mode_archs(config) -> dict[str, set[str]]:
 def pytest_generate_tests(metafunc):
     if "conformance_case" not in metafunc.fixturenames:
         return
-    from vllm_x86.models.archs import ARCHS, BY_NAME
+    from vllm_x86.tools.conformance.archs import ARCHS, BY_NAME
 
     names = _archs(metafunc.config) or [a.name for a in ARCHS]
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
-        raise ValueError(f"--arch: unknown architecture(s) {unknown}; see vllm_x86/models/archs.py")
+        raise ValueError(
+            f"--arch: unknown architecture(s) {unknown}; see vllm_x86/tools/conformance/archs.py"
+        )
     modes = conformance_modes(metafunc.config)
     only = conformance_mode_archs(metafunc.config)
     cases = [(n, m) for n in names for m in modes if m not in only or n in only[m]]

@@ -12,7 +12,7 @@ from tests.conftest import PYTHON, clean_env
 @pytest.mark.slow
 def test_check_passes_every_stage_on_the_default_model(default_model):
     p = subprocess.run(
-        [PYTHON, "-m", "vllm_x86.cli", "check", str(default_model)],
+        [PYTHON, "-m", "vllm_x86.tools.cli", "check", str(default_model)],
         env=clean_env(),
         capture_output=True,
         text=True,

@@ -1,10 +1,10 @@
-"""Conformance: each architecture of vllm_x86/models/archs.py, as a tiny random-weight
+"""Conformance: each architecture of vllm_x86/tools/conformance/archs.py, as a tiny random-weight
 checkpoint, through vLLM with the plugin, against transformers on the same token ids.
 
 One vLLM worker process runs every case of the session one after another (the
 checkpoints and the transformers references are cached under VLLM_X86_CACHE_DIR/tiny),
 then each case asserts its verdict: greedy tokens and log-probabilities as
-vllm_x86/models/conformance.py defines them (tolerances there and in
+vllm_x86/tools/conformance/conformance.py defines them (tolerances there and in
 docs/supported_models.md). A case that archs.py marks as failing, with the reason, is
 an xfail; one that passes anyway fails the suite until the table is updated.
 
@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_x86.models.archs import BY_NAME
+from vllm_x86.tools.conformance.archs import BY_NAME
 
 
 @pytest.fixture(scope="session")
 def conformance_results(request):
     from tests.models.conftest import conformance_mode_archs, conformance_modes
-    from vllm_x86.models.suite import default_results_path, run_suite, select
+    from vllm_x86.tools.conformance.matrix import default_results_path
+    from vllm_x86.tools.conformance.suite import run_suite, select
 
     cfg = request.config
     names = [n for v in cfg.getoption("--arch") for n in v.split(",") if n]
@@ -40,7 +41,7 @@ def conformance_results(request):
         mode_archs=conformance_mode_archs(cfg),
     )
     if cfg.getoption("--write-matrix"):
-        from vllm_x86.models.matrix import write
+        from vllm_x86.tools.conformance.matrix import write
 
         write(path)
     return out

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from vllm_x86.models import conformance as conf
-from vllm_x86.models import formats, matrix, tiny
-from vllm_x86.models.archs import ARCHS, BY_NAME, MODES
+from vllm_x86.tools.conformance import conformance as conf
+from vllm_x86.tools.conformance import formats, matrix, tiny
+from vllm_x86.tools.conformance.archs import ARCHS, BY_NAME, MODES
 
 
 def test_table_names_are_unique_and_known_to_vllm_and_transformers():
@@ -254,7 +254,7 @@ def test_quantize_plan_counts_what_the_reference_quantizes(tmp_path):
 
 
 def test_cpu_specific_known_failure_applies_on_its_cpus_only(monkeypatch):
-    from vllm_x86.models import archs
+    from vllm_x86.tools.conformance import archs
 
     a = archs.Arch("X", ("x/x",), known={"int4-eager@no-amx": "tie here", "fp32-eager": "all"})
     monkeypatch.setattr(archs, "cpu_tag", lambda: "no-amx")
@@ -266,7 +266,7 @@ def test_cpu_specific_known_failure_applies_on_its_cpus_only(monkeypatch):
 
 
 def test_quant_modes_of_an_architecture_failing_bf16_are_not_run():
-    from vllm_x86.models.archs import QUANT_CI_ARCHS, QUANT_MODES, not_run_reason
+    from vllm_x86.tools.conformance.archs import QUANT_CI_ARCHS, QUANT_MODES, not_run_reason
 
     for a in ARCHS:
         bf16 = a.known.get("bf16-eager") or a.known.get("*")
@@ -286,7 +286,7 @@ def test_quant_modes_of_an_architecture_failing_bf16_are_not_run():
 def test_check_shrinks_a_users_config_and_keeps_its_features(tmp_path):
     from transformers import Qwen3Config
 
-    from vllm_x86.check import read_config, stage_architecture, tiny_copy
+    from vllm_x86.tools.conformance.check import read_config, stage_architecture, tiny_copy
 
     cfg = Qwen3Config(
         hidden_size=1024,
@@ -311,14 +311,14 @@ def test_check_shrinks_a_users_config_and_keeps_its_features(tmp_path):
 
 
 def test_check_refuses_an_unknown_architecture():
-    from vllm_x86.check import stage_architecture
+    from vllm_x86.tools.conformance.check import stage_architecture
 
     ok, lines, _ = stage_architecture({"architectures": ["NoSuchModelForCausalLM"]})
     assert not ok and "does not know" in " ".join(lines)
 
 
 def test_every_hub_format_names_a_rewrite():
-    from vllm_x86.models import formats
+    from vllm_x86.tools.conformance import formats
 
     for a in ARCHS:
         if a.hub_format:
@@ -335,7 +335,7 @@ def test_hub_format_is_part_of_the_cache_key_only_where_used():
 def test_module_names_start_is_part_of_the_cache_key(monkeypatch):
     """A rewrite starting from the modules' weight names writes another checkpoint than
     the same code starting from transformers' original format."""
-    from vllm_x86.models import formats
+    from vllm_x86.tools.conformance import formats
 
     cfg = tiny.tiny_config("LlamaForCausalLM")
     assert not formats.save_original_format("olmo_hybrid")
@@ -350,7 +350,7 @@ def _rewritten(tmp_path, name: str):
     import torch
     from safetensors.torch import save_file
 
-    from vllm_x86.models import formats
+    from vllm_x86.tools.conformance import formats
 
     row = next(a for a in ARCHS if a.hub_format == name)
     cfg = tiny.tiny_config(row.name, row.extra)
@@ -398,7 +398,7 @@ def test_deepseek_v4_hub_layout(tmp_path):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from vllm_x86.models import formats
+    from vllm_x86.tools.conformance import formats
 
     cfg = tiny.tiny_config("DeepseekV4ForCausalLM", BY_NAME["DeepseekV4ForCausalLM"].extra)
     cfg.save_pretrained(str(tmp_path))

@@ -5,7 +5,7 @@ France question: its first answer token is itself a near tie in float32 ("The" 2
 against "L" 25.24, closer than bf16's 0.125 there). On the Xeon (AMX) development
 machine the plugin gives transformers' 32 tokens in every mode and dtype, while stock
 vLLM CPU in eager bf16 answers "L'Étoile, ..." (the last test pins that where it
-happens; root cause and fix: docs/correctness.md and vllm_x86/ops/rotary_embedding.py).
+happens; root cause and fix: docs/correctness.md and vllm_x86/runtime/ops/rotary_embedding.py).
 On an AMD EPYC (AVX-512 BF16, no AMX) stock's eager bf16 answers as transformers and
 the plugin's compiled bf16 takes the other tied token; so bf16 runs of this question are
 held to the near-tie rule below like the others, and fp32 runs to every token.

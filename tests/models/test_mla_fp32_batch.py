@@ -13,9 +13,9 @@ import sys
 import pytest
 import torch
 
-from vllm_x86.models import conformance as conf
-from vllm_x86.models import tiny
-from vllm_x86.models.archs import BY_NAME
+from vllm_x86.tools.conformance import conformance as conf
+from vllm_x86.tools.conformance import tiny
+from vllm_x86.tools.conformance.archs import BY_NAME
 
 pytestmark = pytest.mark.slow
 

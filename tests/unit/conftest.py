@@ -11,7 +11,7 @@ needs_amx = pytest.mark.skipif(not AMX, reason="the CPU has no AMX (vLLM CPU's I
 
 
 def _quant_isa() -> str | None:
-    from vllm_x86.quant.methods import quant_isa
+    from vllm_x86.runtime.quant.methods import quant_isa
 
     return quant_isa()
 

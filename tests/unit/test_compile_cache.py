@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from vllm_x86 import compile_cache as cc
+from vllm_x86.runtime.startup import compile_cache as cc
 
 
 def _artifact(root, name="abc123"):
@@ -104,7 +104,7 @@ def test_short_warm_up_needs_a_compiled_model_in_vllms_cache(monkeypatch):
 
     from vllm.config import CompilationMode
 
-    from vllm_x86.worker import cached_compiled_model
+    from vllm_x86.runtime.worker import cached_compiled_model
 
     def cfg(mode):
         return types.SimpleNamespace(

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PYTHON, clean_env
-from vllm_x86.daemon import client, paths
-from vllm_x86.daemon.server import error_from_log
+from vllm_x86.tools.daemon import client, paths
+from vllm_x86.tools.daemon.server import error_from_log
 
 # The daemon process of these tests: the real one, minus the imports.
 NO_WARMUP = (
-    "import sys; from vllm_x86.daemon import server; "
+    "import sys; from vllm_x86.tools.daemon import server; "
     "server.Daemon.warm_up = lambda self: None; "
     "sys.exit(server.main(sys.argv[1:]))"
 )
@@ -35,7 +35,7 @@ def daemon_dir(tmp_path):
 def light_daemon(daemon_dir):
     daemon_dir.root.mkdir(parents=True)
     log = open(daemon_dir.log, "w")
-    # "vllm_x86.daemon" must be on the command line: that is how a daemon is recognised
+    # "vllm_x86.tools.daemon" must be on the command line: that is how a daemon is recognised
     proc = subprocess.Popen(
         [PYTHON, "-c", NO_WARMUP, "--dir", str(daemon_dir.root), "--port", "0"],
         stdout=log,
@@ -156,11 +156,17 @@ def test_error_from_log_quotes_the_root_cause(tmp_path):
 def test_cli_status_and_stop_without_a_daemon(tmp_path):
     env = clean_env(VLLM_X86_DAEMON_DIR=str(tmp_path / "d"))
     r = subprocess.run(
-        [PYTHON, "-m", "vllm_x86.cli", "daemon", "status"], env=env, capture_output=True, text=True
+        [PYTHON, "-m", "vllm_x86.tools.cli", "daemon", "status"],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 3 and "no daemon is running" in r.stdout
     r = subprocess.run(
-        [PYTHON, "-m", "vllm_x86.cli", "daemon", "stop"], env=env, capture_output=True, text=True
+        [PYTHON, "-m", "vllm_x86.tools.cli", "daemon", "stop"],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0 and "no daemon is running" in r.stderr
 
@@ -168,14 +174,17 @@ def test_cli_status_and_stop_without_a_daemon(tmp_path):
 def test_daemon_refuses_to_start_with_the_plugin_disabled(tmp_path):
     env = clean_env(VLLM_X86_DAEMON_DIR=str(tmp_path / "d"), VLLM_X86_DISABLE="1")
     r = subprocess.run(
-        [PYTHON, "-m", "vllm_x86.cli", "daemon", "start"], env=env, capture_output=True, text=True
+        [PYTHON, "-m", "vllm_x86.tools.cli", "daemon", "start"],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 1 and "VLLM_X86_DISABLE=1" in r.stderr
     assert not Path(tmp_path / "d" / "daemon.pid").exists()
 
 
 def test_setting_rows_exist():
-    from vllm_x86 import envs
+    from vllm_x86.runtime import envs
 
     names = {s.name for s in envs.SETTINGS}
     assert {"VLLM_X86_DAEMON_DIR", "VLLM_X86_DAEMON_PORT", "VLLM_X86_ENGINE_FORK"} <= names
@@ -198,7 +207,7 @@ def test_setting_rows_exist():
 def test_start_with_a_bad_model_fails_before_starting_a_daemon(tmp_path, args, message):
     env = clean_env(VLLM_X86_DAEMON_DIR=str(tmp_path))
     r = subprocess.run(
-        [PYTHON, "-m", "vllm_x86.cli", "daemon", *args],
+        [PYTHON, "-m", "vllm_x86.tools.cli", "daemon", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_x86 import defaults, hardware
-from vllm_x86.hardware import GiB
+from vllm_x86.runtime import defaults, hardware
+from vllm_x86.runtime.hardware import GiB
 
 
 def cpu(cores: int, nodes: int = 1, smt: int = 1) -> hardware.CpuInfo:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from vllm_x86.ops import reference
+from vllm_x86.runtime.ops import reference
 
 
 def _naive(q, ks, vs, scale, window, softcap, sinks):
@@ -89,8 +89,11 @@ def test_cache_write_skips_padding_slots():
 
 
 def test_the_op_table_replaces_vllms_diffkv_backend():
-    from vllm_x86.ops import registry
-    from vllm_x86.ops.diffkv_attention import X86DiffKVAttentionBackend, X86DiffKVAttentionImpl
+    from vllm_x86.runtime.ops import registry
+    from vllm_x86.runtime.ops.diffkv_attention import (
+        X86DiffKVAttentionBackend,
+        X86DiffKVAttentionImpl,
+    )
 
     rows = [r for r in registry.OVERRIDES if r.kind == "backend"]
     assert [r.target for r in rows] == ["TRITON_ATTN_DIFFKV"]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from vllm_x86.worker import _cpu_ids
+from vllm_x86.runtime.worker import _cpu_ids
 
 
 def test_cpu_lists_of_vllms_binding_environment():
@@ -24,7 +24,7 @@ def test_cpu_lists_of_vllms_binding_environment():
 def test_bind_threads_pins_each_openmp_thread_to_its_cpu():
     cpus = sorted(os.sched_getaffinity(0))[:2][::-1]  # reversed: not the default order
     code = (
-        "import os, torch, vllm_x86._C as C\n"
+        "import os, torch, vllm_x86.runtime._C as C\n"
         f"got = C.bind_threads({cpus})\n"
         "print(got, sorted(os.sched_getaffinity(0)), torch.get_num_threads())\n"
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_x86.ops import reference
+from vllm_x86.runtime.ops import reference
 
 
 def gen(seed: int) -> torch.Generator:
@@ -162,7 +162,7 @@ def test_layer_rows_name_vllm_pluggable_layers():
     when a model builds one) with a subclass that has the plugin's mixin."""
     from vllm.model_executor.custom_op import PluggableLayer
 
-    from vllm_x86.ops import registry
+    from vllm_x86.runtime.ops import registry
 
     rows = [r for r in registry.OVERRIDES if r.kind == "layer" and "gdn" in r.target]
     assert {r.target.split(":")[1] for r in rows} == {

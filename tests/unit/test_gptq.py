@@ -10,8 +10,8 @@ import weakref
 import pytest
 import torch
 
-from vllm_x86.quant import gptq
-from vllm_x86.quant.methods import dequantize_int4, quantize_int4
+from vllm_x86.runtime.quant.methods import dequantize_int4, quantize_int4
+from vllm_x86.tools.quantize import gptq
 
 
 def _layer(n=256, k=256, rows=2048, seed=0):
@@ -104,7 +104,7 @@ def test_hessians_are_xtx_of_each_linear_input():
 
 
 def test_calibration_text_is_not_the_evaluation_text():
-    from vllm_x86.quant.quality import eval_text
+    from vllm_x86.tools.quantize.quality import eval_text
 
     calib = gptq.calib_text()
     assert len(calib) > 100_000
@@ -116,8 +116,8 @@ def test_converter_refuses_gptq_when_the_hessians_do_not_fit(tiny_bf16, tmp_path
     """A model whose calibration (one decoder layer's X^T X matrices, hidden states,
     codes) would not fit in memory gets a sentence naming --method rtn, before any
     calibration runs, and no output directory."""
-    from vllm_x86.quant import convert
-    from vllm_x86.quant.convert import ConvertError, quantize_checkpoint
+    from vllm_x86.tools.quantize import convert
+    from vllm_x86.tools.quantize.convert import ConvertError, quantize_checkpoint
 
     monkeypatch.setattr(convert, "_available_memory", lambda: 100_000)
     with pytest.raises(ConvertError, match="--method rtn") as e:
@@ -128,7 +128,7 @@ def test_converter_refuses_gptq_when_the_hessians_do_not_fit(tiny_bf16, tmp_path
 
 def test_converter_gptq_without_a_tokenizer_says_so(tiny_bf16, tmp_path):
     """tiny_bf16's tokenizer_config.json names no tokenizer transformers can build."""
-    from vllm_x86.quant.convert import ConvertError, quantize_checkpoint
+    from vllm_x86.tools.quantize.convert import ConvertError, quantize_checkpoint
 
     with pytest.raises(ConvertError, match="(?s)needs the model.s tokenizer.*--method rtn"):
         quantize_checkpoint(tiny_bf16, tmp_path / "out", 4, method="gptq", progress=None)
@@ -140,7 +140,7 @@ def _tiny_model(arch: str, layers: int = 2, **extra):
     checkpoint) and calibration ids for it."""
     from transformers import AutoModelForCausalLM
 
-    from vllm_x86.models.tiny import tiny_config
+    from vllm_x86.tools.conformance.tiny import tiny_config
 
     cfg = tiny_config(arch, {"num_hidden_layers": layers, **extra})
     torch.manual_seed(0)
@@ -188,7 +188,7 @@ def test_sequential_quantizes_layer_by_layer():
     """Layer 0 is calibrated on the model's own inputs, exactly as in one pass of the
     whole model, and its codes are GPTQ's for that H; layer 1 is calibrated on what the
     quantized layer 0 puts out, and its weights end as their quantized values."""
-    from vllm_x86.quant.methods import dequantize_int4
+    from vllm_x86.runtime.quant.methods import dequantize_int4
 
     model, ids = _tiny_model("LlamaForCausalLM")
     whole = gptq.hessians(model, ids, lambda name: _in_layers(name) is not None)
@@ -283,8 +283,8 @@ def test_lm_head_codes_load_checked_and_padded(tmp_path):
     columns or groups) or a damaged one is a FormatError that says what to do."""
     from safetensors.torch import save_file
 
-    from vllm_x86.quant.format import FormatError
-    from vllm_x86.quant.lm_head import load_codes
+    from vllm_x86.runtime.quant.format import FormatError
+    from vllm_x86.runtime.quant.lm_head import load_codes
 
     w, x = _layer(n=96, k=128)
     q, s, z = gptq.quantize_int4_gptq(w, x.t() @ x, 64)
@@ -312,7 +312,7 @@ def test_converter_lm_head_values(tiny_bf16, tmp_path):
     sentence."""
     import json
 
-    from vllm_x86.quant.convert import ConvertError, quantize_checkpoint
+    from vllm_x86.tools.quantize.convert import ConvertError, quantize_checkpoint
 
     for head, bits in (("int4", 4), ("int8", 8)):
         said: list[str] = []

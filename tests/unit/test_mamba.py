@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_x86.ops import mamba, reference
+from vllm_x86.runtime.ops import mamba, reference
 
 DTYPES = [torch.float32, torch.bfloat16]
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_x86.ops import reference
-from vllm_x86.platform import mla_attention_backend
+from vllm_x86.runtime.ops import reference
+from vllm_x86.runtime.platform import mla_attention_backend
 
 HEADS, LORA, ROPE, NOPE, V = 4, 512, 64, 32, 32  # the cache row is 576 wide, as vLLM needs
 SCALE = (NOPE + ROPE) ** -0.5

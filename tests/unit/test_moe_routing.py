@@ -1,4 +1,4 @@
-"""Sigmoid MoE routing on vLLM's CPU router (vllm_x86/ops/moe_routing.py).
+"""Sigmoid MoE routing on vLLM's CPU router (vllm_x86/runtime/ops/moe_routing.py).
 
 - ``sigmoid_topk`` against its reference (ops/reference.py) over expert counts, top-k,
   token counts, logits dtypes, non-contiguous logits, with and without a correction
@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from vllm_x86.ops import moe_routing, reference, registry
+from vllm_x86.runtime.ops import moe_routing, reference, registry
 
 _CPU_ROUTER = "vllm.model_executor.layers.fused_moe.router.cpu_router:CPURouter"
 

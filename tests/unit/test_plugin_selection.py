@@ -30,7 +30,7 @@ def _platform(**env) -> str:
 
 @pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_vllm_selects_the_plugin():
-    assert _platform() == "PLATFORM vllm_x86.platform X86Platform True"
+    assert _platform() == "PLATFORM vllm_x86.runtime.platform X86Platform True"
 
 
 @pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
@@ -42,14 +42,14 @@ def test_register_returns_platform_path(monkeypatch):
     import vllm_x86
 
     monkeypatch.delenv("VLLM_X86_DISABLE", raising=False)
-    assert vllm_x86.register() == "vllm_x86.platform.X86Platform"
+    assert vllm_x86.register() == "vllm_x86.runtime.platform.X86Platform"
     monkeypatch.setenv("VLLM_X86_DISABLE", "1")
     assert vllm_x86.register() is None
 
 
 def test_register_declines_without_avx2(monkeypatch):
     import vllm_x86
-    from vllm_x86 import hardware
+    from vllm_x86.runtime import hardware
 
     info = hardware.cpu_info()
     no_avx2 = hardware.CpuInfo(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 
-from vllm_x86 import ports
+from vllm_x86.tools import ports
 
 
 def test_free_port_is_outside_the_ephemeral_range_and_bindable():

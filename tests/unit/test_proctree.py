@@ -4,7 +4,7 @@ import subprocess
 import sys
 import time
 
-from vllm_x86.bench.proctree import TreeMonitor
+from vllm_x86.tools.bench.proctree import TreeMonitor
 
 # burns about `busy` s of CPU, then sleeps until told to burn again (a line on stdin)
 CHILD = """

@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from tests.unit.conftest import AMX, needs_amx, needs_quant_kernels
-from vllm_x86.quant import methods as m
+from vllm_x86.runtime.quant import linear as lin
+from vllm_x86.runtime.quant import methods as m
 
 SHAPES = [(256, 576), (1024, 1024), (576, 1536), (192, 576)]  # SmolLM2 and Qwen3 layers
 ROWS = [1, 8, 32, 64]
@@ -107,13 +108,13 @@ def test_effective_group_size_falls_back_for_576():
 @pytest.mark.parametrize("rows", ROWS + ODD_ROWS)
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_int8_amx_kernel_matches_reference(n, k, rows):
-    from vllm_x86.ops import reference
+    from vllm_x86.runtime.ops import reference
 
     w, x = _data(n, k, rows)
     x[0, 5] = 60.0  # an outlier sets the row's 16-bit step
-    layer = _layer(w, m.X86Int8Linear(_Cfg()))
+    layer = _layer(w, lin.X86Int8Linear(_Cfg()))
     assert layer.x86_kernel == "w8a16"
-    y = m.X86Int8Linear(_Cfg()).matmul(layer, x, None)
+    y = lin.X86Int8Linear(_Cfg()).matmul(layer, x, None)
     q, scale = m.quantize_int8(w)
     wd = m.dequantize_int8(q, scale)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
@@ -122,7 +123,7 @@ def test_int8_amx_kernel_matches_reference(n, k, rows):
 
 
 def _vnni() -> bool:
-    from vllm_x86.hardware import cpu_info
+    from vllm_x86.runtime.hardware import cpu_info
 
     return cpu_info().has("avx512_vnni")
 
@@ -136,7 +137,7 @@ def test_vnni_kernels_equal_the_amx_kernels_bit_for_bit(rows):
     and a per-token correction instead of tdpbssd) and the same float32 epilogue, so the
     two give the same bits, zero rows, NaN rows and bias included (16-bit activations at
     every row count: the VNNI kernels' 8-bit ones are off here)."""
-    import vllm_x86._C as C
+    import vllm_x86.runtime._C as C
 
     m.check_plugin_kernels()
     a8_rows = C.quant_a8_rows()
@@ -177,7 +178,7 @@ def _int_ops(x, w, bias):
 
 def _int_refs(x, w, bias):
     """_int_ops' float32 references (ops/reference.py, 8-bit activations modelled)."""
-    from vllm_x86.ops import reference
+    from vllm_x86.runtime.ops import reference
 
     q, scale = m.quantize_int8(w)
     refs = [reference.int8_w8a16_gemm(x, m.pack_int8_w8a16(q), scale, bias)]
@@ -206,7 +207,7 @@ def test_quantized_kernels_on_ragged_channel_blocks(n, rows):
 def vnni_a8():
     """The AVX-512 VNNI kernels with 8-bit activations from 4 rows (the default), also on
     a CPU with AMX; both settings restored afterwards."""
-    import vllm_x86._C as C
+    import vllm_x86.runtime._C as C
 
     if not _vnni():
         pytest.skip("the 8-bit-activation kernels need AVX-512 VNNI")
@@ -227,7 +228,7 @@ def test_a8_kernels_match_their_reference(vnni_a8, n, rows):
     blocks, raw and (from 64 rows) expanded INT4 blocks, against the float32 reference
     that rounds the activations the same way; within 2e-2 of unrounded activations
     despite an outlier (it coarsens only its own group)."""
-    from vllm_x86.ops import reference
+    from vllm_x86.runtime.ops import reference
 
     k = 1024
     w, x = _data(n, k, rows, seed=n * rows)
@@ -248,7 +249,7 @@ def test_a8_kernels_on_one_row(vnni_a8, n):
     at a time instead of 4 side by side: against the float32 reference that
     rounds the activations the same way, INT8 and INT4 with and without zero points,
     every remainder of the 4-block unit, with an outlier."""
-    from vllm_x86.ops import reference
+    from vllm_x86.runtime.ops import reference
 
     C = vnni_a8
     C.set_quant_a8_rows(1)
@@ -267,7 +268,7 @@ def test_a8_kernels_on_one_row(vnni_a8, n):
 def test_a8_rows_setting_switches_at_its_row_count(vnni_a8):
     """Below VLLM_X86_QUANT_A8_ROWS rows the ops give the 16-bit kernels' bits, from it
     on other ones (8-bit activations); 0 never switches; a bad setting is a sentence."""
-    from vllm_x86.ops import kernels
+    from vllm_x86.runtime.ops import kernels
 
     C = vnni_a8
     w, x = _data(192, 1024, 6)
@@ -315,9 +316,9 @@ def test_a8_kernels_zero_and_nan_rows(vnni_a8):
 def test_quant_isa_choice_is_explained():
     """The plugin's INT8/INT4 kernels say which ISA runs them, and refuse one the CPU
     lacks with a sentence."""
-    import vllm_x86._C as C
+    import vllm_x86.runtime._C as C
 
-    from vllm_x86.ops import kernels
+    from vllm_x86.runtime.ops import kernels
 
     if not kernels.available():
         pytest.skip(f"the plugin's kernels did not load: {kernels.load_error()}")
@@ -338,9 +339,9 @@ def test_int8_w8a8_kernel_matches_reference(rows, monkeypatch):
     monkeypatch.setenv("VLLM_X86_QUANT_KERNEL", "vllm")
     n, k = 1024, 1024
     w, x = _data(n, k, rows)
-    layer = _layer(w, m.X86Int8Linear(_Cfg()))
+    layer = _layer(w, lin.X86Int8Linear(_Cfg()))
     assert layer.x86_kernel == "vllm"
-    y = m.X86Int8Linear(_Cfg()).matmul(layer, x, None)
+    y = lin.X86Int8Linear(_Cfg()).matmul(layer, x, None)
     wd = m.dequantize_int8(*m.quantize_int8(w))
     assert _rel(y, _act_quant(x) @ wd.t()) < 5e-3
     assert _rel(y, x.float() @ wd.t()) < 2e-2
@@ -350,7 +351,7 @@ def test_int8_w8a8_kernel_matches_reference(rows, monkeypatch):
 def test_int8_kernel_reference_and_special_rows():
     """The op against its reference in ops/reference.py: a zero row gives zeros, a row
     holding NaN gives NaN (as a float matmul), other rows are unaffected."""
-    from vllm_x86.ops import reference
+    from vllm_x86.runtime.ops import reference
 
     m.check_plugin_kernels()
     w, x = _data(64, 128, 4)
@@ -373,9 +374,9 @@ def test_int8_kernel_reference_and_special_rows():
 def test_int8_amx_kernel_bias():
     w, x = _data(256, 576, 8)
     bias = torch.randn(256)
-    layer = _layer(w, m.X86Int8Linear(_Cfg()))
-    y0 = m.X86Int8Linear(_Cfg()).matmul(layer, x, None)
-    y1 = m.X86Int8Linear(_Cfg()).matmul(layer, x, bias)
+    layer = _layer(w, lin.X86Int8Linear(_Cfg()))
+    y0 = lin.X86Int8Linear(_Cfg()).matmul(layer, x, None)
+    y1 = lin.X86Int8Linear(_Cfg()).matmul(layer, x, bias)
     assert _rel(y1.float() - y0.float(), bias.expand(8, -1)) < 1e-2
 
 
@@ -384,13 +385,13 @@ def test_int8_amx_kernel_bias():
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("rows", ROWS)
 def test_int4_amx_kernel_matches_reference(rows, group, zero_point):
-    from vllm_x86.ops import reference
+    from vllm_x86.runtime.ops import reference
 
     n, k = 1024, 1024
     w, x = _data(n, k, rows)
     cfg = _Cfg(group, zero_point)
-    layer = _layer(w, m.X86Int4Linear(cfg))
-    y = m.X86Int4Linear(cfg).matmul(layer, x, None)
+    layer = _layer(w, lin.X86Int4Linear(cfg))
+    y = lin.X86Int4Linear(cfg).matmul(layer, x, None)
     wd = m.dequantize_int4(*m.quantize_int4(w, group, zero_point), group)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
     if group >= 64:  # the plugin's kernel, 16-bit activations (8-bit for batches, VNNI)
@@ -413,9 +414,9 @@ def test_lm_head_method_matches_reference(bits, group, zero_point, rows):
     """VLLM_X86_QUANT_LM_HEAD=1 / int4 (lm_head.py): logits from the quantized LM head
     against x @ W^T with W its quantized-then-dequantized values (scope.fake_quantize,
     the conformance reference), SmolLM2's head shape (49152 x 576: groups of 64)."""
-    from vllm_x86.ops import reference
-    from vllm_x86.quant import scope
-    from vllm_x86.quant.lm_head import X86LMHeadMethod
+    from vllm_x86.runtime.ops import reference
+    from vllm_x86.runtime.quant import scope
+    from vllm_x86.runtime.quant.lm_head import X86LMHeadMethod
 
     n, k = 49152, 576
     w, x = _data(n, k, rows, seed=3)
@@ -436,7 +437,7 @@ def test_lm_head_method_matches_reference(bits, group, zero_point, rows):
 
 
 def test_lm_head_setting_values():
-    from vllm_x86.quant import scope
+    from vllm_x86.runtime.quant import scope
 
     assert [scope.lm_head_bits(v) for v in ("", "0", "1", "int8", "INT4", "4", True, None)] == [
         0,
@@ -463,7 +464,7 @@ def test_lm_head_setting_values():
 @pytest.mark.parametrize("rows", ODD_ROWS)
 @pytest.mark.parametrize("n,k,group", [(576, 576, 64), (192, 576, 64), (1024, 3072, 128)])
 def test_int4_w4a16_kernel_against_its_reference(n, k, group, rows):
-    from vllm_x86.ops import reference
+    from vllm_x86.runtime.ops import reference
 
     w, x = _data(n, k, rows)
     x[-1, 3] = -50.0
@@ -479,9 +480,9 @@ def test_int4_vllm_kernel_on_request(monkeypatch):
     monkeypatch.setenv("VLLM_X86_QUANT_KERNEL", "vllm")
     w, x = _data(1024, 1024, 8)
     cfg = _Cfg(128, True)
-    layer = _layer(w, m.X86Int4Linear(cfg))
+    layer = _layer(w, lin.X86Int4Linear(cfg))
     assert layer.x86_kernel == "vllm"
-    y = m.X86Int4Linear(cfg).matmul(layer, x, None)
+    y = lin.X86Int4Linear(cfg).matmul(layer, x, None)
     wd = m.dequantize_int4(*m.quantize_int4(w, 128, True), 128)
     assert _rel(y, _act_quant(x) @ wd.t()) < 5e-3
 
@@ -491,13 +492,13 @@ def test_torch_weight_only_kernels_match_reference(rows, monkeypatch):
     monkeypatch.setenv("VLLM_X86_QUANT_KERNEL", "torch")
     n, k = 256, 1024
     w, x = _data(n, k, rows)
-    layer = _layer(w, m.X86Int8Linear(_Cfg()))
+    layer = _layer(w, lin.X86Int8Linear(_Cfg()))
     assert layer.x86_kernel == "torch"
-    y = m.X86Int8Linear(_Cfg()).matmul(layer, x, None)
+    y = lin.X86Int8Linear(_Cfg()).matmul(layer, x, None)
     assert _rel(y, x.float() @ m.dequantize_int8(*m.quantize_int8(w)).t()) < 1e-2
     cfg = _Cfg(128, True)
-    layer = _layer(w, m.X86Int4Linear(cfg))
-    y = m.X86Int4Linear(cfg).matmul(layer, x, None)
+    layer = _layer(w, lin.X86Int4Linear(cfg))
+    y = lin.X86Int4Linear(cfg).matmul(layer, x, None)
     wd = m.dequantize_int4(*m.quantize_int4(w, 128, True), 128)
     assert _rel(y, x.float() @ wd.t()) < 1e-2
 
@@ -534,7 +535,7 @@ def test_packing_a_concatenation_is_concatenating_the_packs():
 
 
 def test_format_version_and_layout_mismatch_are_clear_errors():
-    from vllm_x86.quant import format as qf
+    from vllm_x86.runtime.quant import format as qf
 
     good = {
         "quant_method": "x86_int8",
@@ -557,8 +558,8 @@ def test_format_version_and_layout_mismatch_are_clear_errors():
 def test_converter_writes_a_prepacked_checkpoint(tiny_bf16, tmp_path, bits):
     from safetensors import safe_open
 
-    from vllm_x86.quant import format as qf
-    from vllm_x86.quant.convert import quantize_checkpoint
+    from vllm_x86.runtime.quant import format as qf
+    from vllm_x86.tools.quantize.convert import quantize_checkpoint
 
     out = tmp_path / f"int{bits}"
     lines: list[str] = []
@@ -584,8 +585,8 @@ def test_converter_writes_a_prepacked_checkpoint(tiny_bf16, tmp_path, bits):
 
 @needs_quant_kernels
 def test_truncated_or_missing_files_are_caught(tiny_bf16, tmp_path):
-    from vllm_x86.quant import format as qf
-    from vllm_x86.quant.convert import quantize_checkpoint
+    from vllm_x86.runtime.quant import format as qf
+    from vllm_x86.tools.quantize.convert import quantize_checkpoint
 
     out = tmp_path / "int8"
     quantize_checkpoint(tiny_bf16, out, 8, progress=None)
@@ -602,7 +603,7 @@ def test_truncated_or_missing_files_are_caught(tiny_bf16, tmp_path):
 
 
 def test_converter_refuses_bad_input(tiny_bf16, tmp_path):
-    from vllm_x86.quant.convert import ConvertError, quantize_checkpoint
+    from vllm_x86.tools.quantize.convert import ConvertError, quantize_checkpoint
 
     with pytest.raises(ConvertError, match="not a model directory"):
         quantize_checkpoint(tmp_path / "nowhere", tmp_path / "o", 8, progress=None)
@@ -627,7 +628,7 @@ def test_cli_quantize_bad_model_exits_with_a_sentence(tmp_path):
         [
             sys.executable,
             "-m",
-            "vllm_x86.cli",
+            "vllm_x86.tools.cli",
             "quantize",
             str(tmp_path / "no"),
             "o",
@@ -639,7 +640,7 @@ def test_cli_quantize_bad_model_exits_with_a_sentence(tmp_path):
         timeout=120,
     )
     assert r.returncode == 1
-    assert "neither a directory nor a name" in r.stderr
+    assert "does not exist. Give a model directory" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -649,7 +650,7 @@ def test_quantized_gemms_have_fake_implementations():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     m.check_plugin_kernels()
-    from vllm_x86.ops import kernels
+    from vllm_x86.runtime.ops import kernels
 
     kernels.ops()
     with FakeTensorMode():

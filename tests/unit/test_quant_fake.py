@@ -1,14 +1,16 @@
 """The conformance suite's INT8/INT4 reference: fake quantization of a transformers model
-(vllm_x86/quant/fake.py) following the one rule of which weights are quantized
-(vllm_x86/quant/scope.py)."""
+(vllm_x86/runtime/quant/fake.py) following the one rule of which weights are quantized
+(vllm_x86/runtime/quant/scope.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from vllm_x86.quant import fake, scope
-from vllm_x86.quant import methods as m
+from vllm_x86.runtime.quant import linear as lin
+from vllm_x86.runtime.quant import methods as m
+from vllm_x86.runtime.quant import scope
+from vllm_x86.tools.conformance import fake_quant as fake
 
 
 def _llama(**kw):
@@ -180,13 +182,15 @@ def test_the_config_asks_the_same_rule(monkeypatch):
     """x86_int8's config gives a linear layer a method exactly when scope.py says so."""
     from vllm.model_executor.layers.linear import LinearBase
 
-    from vllm_x86.quant import config
+    from vllm_x86.runtime.quant import config
 
     layer = LinearBase.__new__(LinearBase)
     torch.nn.Module.__init__(layer)
     cfg = config.X86Int8Config(lm_head=False)
     assert config.layer_kind(layer) == scope.LINEAR
-    assert isinstance(cfg.get_quant_method(layer, "model.layers.0.mlp.down_proj"), m.X86Int8Linear)
+    assert isinstance(
+        cfg.get_quant_method(layer, "model.layers.0.mlp.down_proj"), lin.X86Int8Linear
+    )
     monkeypatch.setattr(scope, "QUANTIZED_KINDS", frozenset())
     assert cfg.get_quant_method(layer, "model.layers.0.mlp.down_proj") is None
 
@@ -306,7 +310,7 @@ def test_converter_keeps_the_mamba1_mixers_the_reference_keeps(tmp_path, arch):
     unquantized (Mamba-1 mixers), told apart in the checkpoint by its model type."""
     from safetensors import safe_open
 
-    from vllm_x86.quant.convert import quantize_checkpoint
+    from vllm_x86.tools.quantize.convert import quantize_checkpoint
 
     model = _mamba1(arch).to(torch.bfloat16)
     src = tmp_path / "bf16"
@@ -316,7 +320,7 @@ def test_converter_keeps_the_mamba1_mixers_the_reference_keeps(tmp_path, arch):
     }  # the reference's rule, from the modules
     assert mixer
     if arch == "mamba":  # nothing but Mamba-1 mixers in its blocks: nothing to quantize
-        from vllm_x86.quant.convert import ConvertError
+        from vllm_x86.tools.quantize.convert import ConvertError
 
         with pytest.raises(ConvertError, match="nothing to quantize"):
             quantize_checkpoint(src, tmp_path / "q", 8, progress=None)

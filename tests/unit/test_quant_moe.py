@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from tests.unit.conftest import needs_quant_kernels, tiny_qwen3_moe_config
-from vllm_x86.ops import reference as ref
-from vllm_x86.quant import scope
+from vllm_x86.runtime.ops import reference as ref
+from vllm_x86.runtime.quant import scope
 
 
 def _rel(y, want) -> float:
@@ -28,7 +28,7 @@ def _rel(y, want) -> float:
 
 
 def _config(bits, group=128, zero_point=True):
-    from vllm_x86.quant.config import X86Int4Config, X86Int8Config
+    from vllm_x86.runtime.quant.config import X86Int4Config, X86Int8Config
 
     if bits == 8:
         return X86Int8Config(group_size=128, zero_point=False, lm_head=False)
@@ -60,7 +60,7 @@ def _experts(e, h, i, bias=False, seed=0):
 
 
 def _method(cfg, moe, layer):
-    from vllm_x86.quant.moe import X86QuantMoEMethod
+    from vllm_x86.runtime.quant.moe import X86QuantMoEMethod
 
     method = X86QuantMoEMethod(cfg, moe)
     layer.quant_method = method  # as RoutedExperts holds it
@@ -72,7 +72,7 @@ def _route(m_tokens, e, top_k, seed=1, sigmoid=False):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(m_tokens, e, generator=g)
     if sigmoid:  # weights that do not sum to 1 (the plugin's sigmoid router)
-        from vllm_x86.ops.moe_routing import sigmoid_topk
+        from vllm_x86.runtime.ops.moe_routing import sigmoid_topk
 
         return sigmoid_topk(logits, top_k, False, None, 2.5)
     w, ids = torch.softmax(logits, dim=-1).topk(top_k, dim=-1)
@@ -228,7 +228,7 @@ def _moe_cfg(h, i, activation="silu", ep=False, swiglu_limit=None):
 
 
 def test_layers_the_experts_cannot_take_say_why():
-    from vllm_x86.quant.moe import moe_problem
+    from vllm_x86.runtime.quant.moe import moe_problem
 
     assert moe_problem(_moe_cfg(256, 128), 8, 128, "w8a16") is None
     assert moe_problem(_moe_cfg(256, 128), 4, 32, "vllm") is None
@@ -282,7 +282,7 @@ def test_fake_quantize_follows_the_rule():
     embeddings not."""
     from transformers import Qwen3MoeForCausalLM
 
-    from vllm_x86.quant import fake
+    from vllm_x86.tools.conformance import fake_quant as fake
 
     cfg = tiny_qwen3_moe_config()
     torch.manual_seed(0)
@@ -326,7 +326,7 @@ def test_converter_packs_experts_keeps_router_and_says_so(tiny_moe_bf16, tmp_pat
 
     from safetensors import safe_open
 
-    from vllm_x86.quant.convert import quantize_checkpoint
+    from vllm_x86.tools.quantize.convert import quantize_checkpoint
 
     said: list[str] = []
     out = tmp_path / "q"
@@ -353,8 +353,8 @@ def test_prepacked_checkpoint_with_a_packed_router_is_refused():
     from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
-    from vllm_x86.quant import format as qformat
-    from vllm_x86.quant.config import X86Int8Config
+    from vllm_x86.runtime.quant import format as qformat
+    from vllm_x86.runtime.quant.config import X86Int8Config
 
     gate = GateLinear.__new__(GateLinear)  # only its type is read
     cfg = X86Int8Config(lm_head=False)

@@ -27,7 +27,7 @@ FORMATS = [
 
 
 def _config(bits, group, zero_point, prepacked=False, layout=None, packed_experts=None):
-    from vllm_x86.quant.config import X86Int4Config, X86Int8Config
+    from vllm_x86.runtime.quant.config import X86Int4Config, X86Int8Config
 
     cls = X86Int8Config if bits == 8 else X86Int4Config
     return cls(
@@ -73,7 +73,7 @@ def _weights(e, h, i, seed=0):
 
 
 def _on_the_fly(cfg, moe, w13, w2):
-    from vllm_x86.quant.moe import X86QuantMoEMethod
+    from vllm_x86.runtime.quant.moe import X86QuantMoEMethod
 
     layer = _layer()
     layer.w13_weight = torch.nn.Parameter(w13.clone(), requires_grad=False)
@@ -87,7 +87,7 @@ def _on_the_fly(cfg, moe, w13, w2):
 def _prepacked(cfg, moe, w13, w2, order_seed=3):
     """The prepacked method's layer, its tensors loaded as vLLM's expert loader hands
     them over (one expert and shard at a time, in a shuffled order)."""
-    from vllm_x86.quant.moe import X86QuantMoEMethod, pack_experts
+    from vllm_x86.runtime.quant.moe import X86QuantMoEMethod, pack_experts
 
     e, two_i, h = w13.shape
     i = two_i // 2
@@ -122,7 +122,7 @@ def _prepacked(cfg, moe, w13, w2, order_seed=3):
 @needs_quant_kernels
 @pytest.mark.parametrize("bits,group,zero_point,layout", FORMATS)
 def test_packed_shapes_are_those_of_quantize_pack(bits, group, zero_point, layout):
-    from vllm_x86.quant import methods as m
+    from vllm_x86.runtime.quant import methods as m
 
     kernel = "w8a16" if bits == 8 else m.int4_layout_kernel(layout)
     for n, k in ((128, 256), (64, 128), (256, 64)):
@@ -140,8 +140,8 @@ def test_packed_shapes_are_those_of_quantize_pack(bits, group, zero_point, layou
 def test_packed_gate_and_up_are_gate_and_up_packed_alone(bits, group, zero_point, layout):
     """pack_experts splits the packed w13 at half its rows: the halves are what packing
     gate and up on their own gives, so the split puts each in its place."""
-    from vllm_x86.quant import methods as m
-    from vllm_x86.quant.moe import expert_group, pack_experts
+    from vllm_x86.runtime.quant import methods as m
+    from vllm_x86.runtime.quant.moe import expert_group, pack_experts
 
     kernel = "w8a16" if bits == 8 else m.int4_layout_kernel(layout)
     h, i = 128, 64
@@ -190,7 +190,7 @@ def test_prepacked_experts_equal_quantized_while_loading(bits, group, zero_point
 
 @needs_quant_kernels
 def test_packed_loader_refuses_bf16_and_wrong_shapes():
-    from vllm_x86.quant.moe import X86QuantMoEMethod
+    from vllm_x86.runtime.quant.moe import X86QuantMoEMethod
 
     h, i = 128, 64
     layer = _layer()
@@ -215,8 +215,8 @@ def test_config_picks_the_method_by_packed_experts(monkeypatch):
     shape the converter did not pack): quantized while loading, as --quantization."""
     from vllm.model_executor.layers import fused_moe
 
-    from vllm_x86.quant import format as qformat
-    from vllm_x86.quant.moe import X86QuantMoEMethod
+    from vllm_x86.runtime.quant import format as qformat
+    from vllm_x86.runtime.quant.moe import X86QuantMoEMethod
 
     layout = "vllm-x86-int4-w4a16-amx-1"
     cfg = _config(4, 128, True, True, layout, ["model.layers.0.mlp.experts"])
@@ -242,7 +242,7 @@ def test_config_picks_the_method_by_packed_experts(monkeypatch):
 
 
 def test_format_versions():
-    from vllm_x86.quant import format as qf
+    from vllm_x86.runtime.quant import format as qf
 
     # 2 is written; 3 only by checkpoints with the LM head's INT4 codes
     assert qf.FORMAT_VERSION == 2 and qf.HEAD_CODES_VERSION == 3 and qf.READS == (1, 2, 3)
@@ -271,10 +271,10 @@ def _tiny_moe(path, moe_intermediate):
 def test_converter_packs_the_experts(tmp_path, bits):
     from safetensors import safe_open
 
-    from vllm_x86.quant import format as qf
-    from vllm_x86.quant import methods as m
-    from vllm_x86.quant.convert import quantize_checkpoint
-    from vllm_x86.quant.moe import pack_experts
+    from vllm_x86.runtime.quant import format as qf
+    from vllm_x86.runtime.quant import methods as m
+    from vllm_x86.runtime.quant.moe import pack_experts
+    from vllm_x86.tools.quantize.convert import quantize_checkpoint
 
     src = _tiny_moe(tmp_path / "bf16", 64)
     said: list[str] = []
@@ -328,8 +328,8 @@ def test_converter_writes_experts_the_kernel_refuses_as_they_are(tmp_path):
     no packed layer, and says why; the loader's rule then keeps them in bf16."""
     from safetensors import safe_open
 
-    from vllm_x86.quant.convert import quantize_checkpoint
-    from vllm_x86.quant.moe import expert_kernel, moe_problem
+    from vllm_x86.runtime.quant.moe import expert_kernel, moe_problem
+    from vllm_x86.tools.quantize.convert import quantize_checkpoint
 
     src = _tiny_moe(tmp_path / "bf16", 48)
     said: list[str] = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_x86.ops.rotary_embedding import expand_cos_sin, rope_fast, rope_reference
+from vllm_x86.runtime.ops.rotary_embedding import expand_cos_sin, rope_fast, rope_reference
 
 
 def cos_sin_cache(rotary_dim: int, max_pos: int = 4096, base: float = 1e4) -> torch.Tensor:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_x86.ops import kernels
-from vllm_x86.ops.rotary_embedding import X86RotaryMixin, rope_reference
+from vllm_x86.runtime.ops import kernels
+from vllm_x86.runtime.ops.rotary_embedding import X86RotaryMixin, rope_reference
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="kernels not built")
 

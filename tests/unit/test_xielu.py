@@ -8,8 +8,8 @@ import pytest
 import torch
 from vllm.model_executor.layers.activation import XIELU
 
-from vllm_x86.ops import reference, registry
-from vllm_x86.ops.xielu import X86XIELUMixin
+from vllm_x86.runtime.ops import reference, registry
+from vllm_x86.runtime.ops.xielu import X86XIELUMixin
 
 
 class _X86XIELU(X86XIELUMixin, XIELU):

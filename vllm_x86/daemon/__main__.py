@@ -1,7 +1,0 @@
-"""`python -m vllm_x86.daemon`: the daemon process (started by `vllm-x86 daemon start`)."""
-
-import sys
-
-from vllm_x86.daemon.server import main
-
-sys.exit(main())

@@ -1,1 +1,0 @@
-"""Models the plugin can fetch and prepare on its own (see ``catalog.py``)."""

