@@ -1,6 +1,8 @@
-"""Every kernel against its pure-torch reference (vllm_x86/ops/reference.py), on every
+"""Every kernel against its pure-torch reference (vllm_x86/runtime/ops/reference.py), on every
 ISA build this CPU can run, in bf16/fp16/fp32, over decode and prefill token counts,
-real hidden sizes, odd head counts and non-contiguous inputs.
+real hidden sizes, odd head counts and non-contiguous inputs; the INT8/INT4 GEMMs on
+every GEMM ISA this CPU can run (AMX, AVX-512 VNNI). The ISAs are hardware.py's answer,
+handed to the library; a lower one than the CPU's best is how each path is tested here.
 
 Tolerances (docs/kernels.md):
 - rms_norm, fused_add_rms_norm, rotary_embedding, split_norm_rope_neox: bit-identical
@@ -18,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_x86.ops import kernels, reference
+from vllm_x86.runtime.ops import kernels, reference
 
 pytestmark = pytest.mark.skipif(
     not kernels.available(), reason=f"kernel library not built: {kernels.load_error()}"
@@ -259,6 +261,110 @@ def test_isa_selection():
     assert kernels.isa() == "avx2"
     kernels.set_isa("auto")
     assert kernels.isa() == ISAS[-1]
+
+
+def test_an_isa_the_cpu_lacks_is_refused(monkeypatch):
+    """The library runs only what hardware.py says this CPU can run: told an AVX2-only
+    CPU, it runs the avx2 kernels, refuses avx512 and the GEMM kernels with a sentence,
+    and on this machine's own answer again runs its best."""
+    import vllm_x86.runtime._C as C
+
+    from vllm_x86.runtime import hardware
+
+    x = rand((3, 64), torch.bfloat16, 5)
+    try:
+        C.set_cpu_isas(["avx2"])
+        assert C.cpu_isas() == ["avx2"]
+        assert kernels.isa() == "avx2" and kernels.quant_isa() == ""
+        with pytest.raises(RuntimeError, match="this CPU cannot run the avx512 kernels"):
+            kernels.set_isa("avx512")
+        with pytest.raises(RuntimeError, match="the AMX kernels cannot run here"):
+            kernels.set_quant_isa("amx")
+        with pytest.raises(RuntimeError, match="AVX-512 VNNI kernels cannot run here"):
+            kernels.set_quant_isa("avx512_vnni")
+        with pytest.raises(RuntimeError, match="needs AMX-INT8 .* or AVX-512 VNNI"):
+            ops().int8_w8a16_gemm(x, torch.zeros(1, 1024, dtype=torch.int8), torch.ones(16), None)
+        out, ref = torch.empty_like(x), torch.empty_like(x)
+        ops().rms_norm(out, x, None, 1e-6)  # the avx2 kernels still run
+        reference.rms_norm(ref, x, None, 1e-6)
+        assert torch.equal(out, ref)
+        with pytest.raises(RuntimeError, match="unknown ISA 'avx9'"):
+            C.set_cpu_isas(["avx2", "avx9"])
+    finally:
+        C.set_cpu_isas(list(hardware.usable_isas()))
+        kernels.set_isa(kernels.wanted_isa())
+    assert C.cpu_isas() == list(hardware.usable_isas())
+    assert kernels.isa() == (ISAS[-1] if kernels.wanted_isa() == "auto" else kernels.wanted_isa())
+    want = hardware.best_isa(hardware.QUANT_ISAS) or ""
+    assert kernels.quant_isa() == want
+
+
+def test_the_library_runs_nothing_until_told_the_isa():
+    """Imported on its own (not through ops/kernels.py), the library knows no ISA: it
+    probes nothing itself, so its ops refuse to run and say how to load it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "import vllm_x86.runtime.ops.schemas\n"
+        "import vllm_x86.runtime._C as C\n"
+        "assert C.cpu_isas() == [] and C.isa() == 'none' and C.quant_isa() == ''\n"
+        "x = torch.ones(2, 64)\n"
+        "try:\n"
+        "    torch.ops.vllm_x86.rms_norm(torch.empty_like(x), x, None, 1e-6)\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "the library was told this CPU can run nothing" in p.stdout
+
+
+# ---------------------------------------------------------------- INT8/INT4 GEMMs
+
+QUANT_ISAS = [i for i in ("amx", "avx512_vnni") if i in kernels.available_quant_isas()]
+
+
+@pytest.fixture(params=QUANT_ISAS)
+def quant_isa(request):
+    kernels.set_quant_isa(request.param)
+    yield request.param
+    kernels.set_quant_isa("auto")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 17])
+def test_quantized_gemms_on_every_isa(quant_isa, rows):
+    """int8_w8a16_gemm and int4_w4a16_gemm (groups of 64 and 128) on each GEMM ISA this
+    CPU can run, against their references (which round the activations to 8 bits where
+    the VNNI kernels do: from VLLM_X86_QUANT_A8_ROWS rows)."""
+    from vllm_x86.runtime.quant import methods as m
+
+    assert kernels.quant_isa() == quant_isa
+    n, k = 80, 256
+    w = rand((n, k), torch.float32, rows, 0.05).to(torch.bfloat16)
+    x = rand((rows, k), torch.bfloat16, rows + 1)
+    bias = rand((n,), torch.float32, 3)
+    q, scale = m.quantize_int8(w)
+    packed = m.pack_int8_w8a16(q)
+    pairs = [
+        (
+            ops().int8_w8a16_gemm(x, packed, scale, bias),
+            reference.int8_w8a16_gemm(x, packed, scale, bias),
+        )
+    ]
+    for group, zp in ((64, True), (128, False)):
+        p4 = m.pack_int4_w4a16(*m.quantize_int4(w, group, zp))
+        pairs.append(
+            (
+                ops().int4_w4a16_gemm(x, *p4, group, bias),
+                reference.int4_w4a16_gemm(x, *p4, group, bias),
+            )
+        )
+    for got, want in pairs:
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+        err = float((got.float() - want.float()).norm() / want.float().norm())
+        assert err < 5e-3, (quant_isa, rows, err)
 
 
 # ---------------------------------------------------------------- torch.compile

@@ -43,21 +43,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vllm_x86.ops import kernels
+from vllm_x86.runtime.ops import schemas  # noqa: F401  (the ops' schemas, first)
 
 # The time steps whose discretized A and B*u are materialized at once: bounds the
 # temporaries to BLOCK x dim x dstate floats (12 MiB for Mamba-130m's 1536 x 16).
 BLOCK = 128
-
-SELECTIVE_SCAN_SCHEMA = (
-    "(Tensor u, Tensor(a!) delta, Tensor A, Tensor B, Tensor C, "
-    "Tensor? D_, Tensor(b!)? z_, Tensor? delta_bias_, bool delta_softplus, "
-    "Tensor? query_start_loc, Tensor? cache_indices, Tensor? has_initial_state, "
-    "Tensor(c!) ssm_states, int null_block_id, int block_size=1024, "
-    "Tensor? block_idx_first_scheduled_token=None, "
-    "Tensor? block_idx_last_scheduled_token=None, Tensor? initial_state_idx=None, "
-    "Tensor? cu_chunk_seqlen=None, Tensor? last_chunk_indices=None) -> ()"
-)
 
 
 def _sequences(u, query_start_loc) -> list[tuple[slice, int | None]]:
@@ -170,13 +160,6 @@ def selective_scan_fwd(
         ssm_states[slot].copy_(h.reshape(ssm_states[slot].shape))
 
 
-SELECTIVE_STATE_UPDATE_SCHEMA = (
-    "(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, "
-    "Tensor? z, Tensor? dt_bias, bool dt_softplus, Tensor? state_batch_indices, "
-    "Tensor? dst_state_batch_indices, int null_block_id, Tensor(b!) out) -> ()"
-)
-
-
 def _slots(indices: torch.Tensor | None, batch: int, device) -> torch.Tensor:
     if indices is None:
         return torch.arange(batch, device=device)
@@ -245,25 +228,14 @@ _defined = False
 
 
 def define_ops() -> None:
-    """torch.ops.vllm_x86.selective_scan_fwd and selective_state_update (idempotent).
-    They mutate their arguments and return nothing, so their fake implementations have
-    nothing to compute."""
+    """The CPU implementations of torch.ops.vllm_x86.selective_scan_fwd and
+    selective_state_update (idempotent); their schemas and fakes are ops/schemas.py's."""
     global _defined
     if _defined:
         return
     _defined = True
-    kernels.available()  # the library's TORCH_LIBRARY(vllm_x86) first, then this fragment
-    torch.library.define("vllm_x86::selective_scan_fwd", SELECTIVE_SCAN_SCHEMA)
     torch.library.impl("vllm_x86::selective_scan_fwd", "CPU")(selective_scan_fwd)
-
-    torch.library.define("vllm_x86::selective_state_update", SELECTIVE_STATE_UPDATE_SCHEMA)
     torch.library.impl("vllm_x86::selective_state_update", "CPU")(selective_state_update)
-
-    def nothing(*args, **kwargs):
-        return None
-
-    for name in ("selective_scan_fwd", "selective_state_update"):
-        torch.library.register_fake(f"vllm_x86::{name}")(nothing)
 
 
 define_ops()

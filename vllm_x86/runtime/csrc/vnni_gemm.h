@@ -7,8 +7,8 @@
 namespace vllm_x86 {
 namespace vnni {
 
-// True when the CPU has AVX-512 F/BW/VL/DQ and VNNI.
-bool init();
+// Callers make sure the CPU has AVX-512 F/BW/VL/DQ and VNNI (ops.cpp runs these only
+// when vllm_x86/runtime/hardware.py's answer, passed to it, says "avx512_vnni").
 
 // As amx::int8_w8a16_gemm (amx_gemm.h): a is amx::split_rows' output (rows 2t: hi,
 // 2t + 1: lo, k bytes each; only the first 2 m rows are read), output channel blocks

@@ -6,9 +6,8 @@
 namespace vllm_x86 {
 namespace amx {
 
-// True when the CPU has AMX-INT8 and AVX-512BW and Linux granted this process the tile
-// state; the first call asks for it.
-bool init();
+// Callers make sure the CPU has AMX-INT8 and AVX-512 and that Linux granted this
+// process the tile state (vllm_x86/runtime/hardware.py asks; ops.cpp is told "amx").
 
 // Rows [r_begin, r_end) of bf16 x (row stride ldx, k a multiple of 16) as 16-bit
 // integers q = round(x / xscale[r]), xscale[r] = amax(|x[r]|) / 32639, split as

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
-from vllm_x86.quant import methods as m
+from vllm_x86.runtime.quant import methods as m
 
 
 class X86LMHeadMethod(UnquantizedEmbeddingMethod):
@@ -52,7 +52,7 @@ class X86LMHeadMethod(UnquantizedEmbeddingMethod):
             m._warn_once("lmhead", "vllm-x86: the LM head stays in bf16: %s", problem)
             super().process_weights_after_loading(layer)
             return
-        kernel = m.weight_kernel(self.bits, self.group_size)
+        kernel = m.lm_head_kernel(self.bits, self.group_size)  # the op table's rule
         g = m.effective_group_size(k, self.group_size) if self.bits == 4 else None
         if self.codes:
             packed = m.pack_int4_for(kernel, *load_codes(self.codes, n, k, g))
@@ -102,7 +102,7 @@ def load_codes(path: str, n: int, k: int, group: int):
     get zero codes and scales. Anything else that does not match is a FormatError."""
     from safetensors import safe_open
 
-    from vllm_x86.quant import format as qformat
+    from vllm_x86.runtime.quant import format as qformat
 
     try:
         with safe_open(path, framework="pt") as f:
@@ -127,9 +127,7 @@ def load_codes(path: str, n: int, k: int, group: int):
             f"{meta.get('group_size')}) are not for this model's {n} x {k} head in groups "
             f"of {group}; quantize the bf16 model again"
         )
-    from vllm_x86.quant.gptq import Codes
-
-    q, scale, zero = Codes(nib, scale, zero.to(torch.int32)).unpack()
+    q, scale, zero = qformat.Codes(nib, scale, zero.to(torch.int32)).unpack()
     if rows < n:
         q = torch.cat([q, q.new_zeros(n - rows, k)])
         scale = torch.cat([scale, scale.new_zeros(k // group, n - rows)], 1)

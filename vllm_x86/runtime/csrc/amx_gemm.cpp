@@ -10,7 +10,7 @@
 // of 8 tokens; the epilogue forms (256 * sum_hi + sum_lo) * xscale * scale + bias in
 // float32. The int32 sums are exact.
 //
-// INT8 layout ("vllm-x86-int8-w8a16-amx-1", pack_int8_w8a16 in vllm_x86/quant/methods.py):
+// INT8 layout ("vllm-x86-int8-w8a16-amx-1", pack_int8_w8a16 in vllm_x86/runtime/quant/methods.py):
 // blocks of 16 output channels x 64 input channels, 1 KiB each, ordered [N/16][K/64];
 // inside a block, row r (0..15) holds for output channel n (0..15) the four inputs
 // k = 4r..4r+3: [r][n][4]. That is AMX's VNNI order for the B tile, so a block is loaded
@@ -26,9 +26,11 @@
 // GCC before 13.2 miscompiles its AMX intrinsics (the tile-config load covers only 8
 // of its 64 bytes, tile loads have no memory clobber), so every AMX instruction here is
 // inline assembly with a full 64-byte config operand and memory clobbers.
+//
+// Whether this code may run (AMX-INT8 and Linux's permission to use the tiles) is
+// vllm_x86/runtime/hardware.py's answer, which also asks Linux for the tile state;
+// ops.cpp calls in here only when told "amx".
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
@@ -248,17 +250,6 @@ void gemm(const int8_t* a, const float* xscale, int64_t a_rows, int64_t m, int64
 }
 
 }  // namespace
-
-bool init() {
-  static bool ok = [] {
-    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-int8") ||
-        !__builtin_cpu_supports("avx512bw"))
-      return false;
-    // Linux hands out the tile state only on request (ARCH_REQ_XCOMP_PERM, XTILEDATA).
-    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  }();
-  return ok;
-}
 
 void split_rows(const uint16_t* x, int64_t ldx, int64_t k, int64_t r_begin, int64_t r_end,
                 int8_t* a, float* xscale) {

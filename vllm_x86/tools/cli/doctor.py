@@ -7,9 +7,10 @@ import platform
 import sys
 from importlib import metadata
 
-from vllm_x86 import __version__, envs, hardware
-from vllm_x86.defaults import choose_kv_cache_bytes, choose_threads, omp_env
-from vllm_x86.hardware import GiB
+from vllm_x86._version import __version__
+from vllm_x86.runtime import envs, hardware
+from vllm_x86.runtime.defaults import choose_kv_cache_bytes, choose_threads, omp_env
+from vllm_x86.runtime.hardware import GiB
 
 
 def _version(dist: str) -> str | None:
@@ -26,23 +27,13 @@ def _entry_point_registered() -> bool:
     )
 
 
-def _amx_usable() -> bool | None:
-    """Whether the OS lets this process use AMX tiles (needs a kernel permission
-    request, which torch makes); None if torch is missing."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return bool(torch.cpu._is_amx_tile_supported())
-
-
 def _default_model_kv(mem: hardware.MemoryInfo) -> dict:
     """The KV size `vllm-x86 serve` would choose for the default model (if pulled)."""
     import json
 
-    from vllm_x86.defaults import kv_bytes_per_token_from_hf_config
-    from vllm_x86.models.catalog import DEFAULT_MODEL
-    from vllm_x86.models.pull import cached_path
+    from vllm_x86.runtime.defaults import kv_bytes_per_token_from_hf_config
+    from vllm_x86.tools.models.catalog import DEFAULT_MODEL
+    from vllm_x86.tools.models.pull import cached_path
 
     path = cached_path(DEFAULT_MODEL)
     if path is not None:
@@ -58,9 +49,37 @@ def _default_model_kv(mem: hardware.MemoryInfo) -> dict:
     }
 
 
+_KIND_LABELS = {
+    "customop": "CustomOp",
+    "ir": "vLLM IR op",
+    "layer": "PluggableLayer",
+    "module": "module",
+    "router": "MoE router",
+    "backend": "attention backend",
+    "quant": "quantized layer",
+}
+
+
+def _quant_row(row) -> str:
+    """The kernel a quant row of the op table runs here, with the settings."""
+    from vllm_x86.runtime.ops import kernels, registry
+
+    raw = envs.get("VLLM_X86_QUANT_GROUP_SIZE")
+    group = int(raw) if raw.strip().isdigit() else 128
+    try:
+        kernel = registry.chosen_kernel(row, group)
+    except (RuntimeError, ValueError) as e:  # the plugin's kernels cannot run here
+        return f"cannot run: {e}"
+    if kernel is None:
+        return "stays bf16 (no kernel for it here)"
+    now = kernels.quant_isa()
+    isa = now if now in kernel.isas else "/".join(kernel.isas) or "any x86-64"
+    return f"{kernel.name} on {isa}: {', '.join(kernel.ops)}"
+
+
 def _kernels(overrides) -> dict:
     """Which implementation each row of the op table will use on this machine."""
-    from vllm_x86.ops import kernels
+    from vllm_x86.runtime.ops import kernels
 
     ok = kernels.available()
     isa = kernels.isa() if ok else None
@@ -73,14 +92,10 @@ def _kernels(overrides) -> dict:
             and name != "RotaryEmbedding"
         ):
             continue  # the subclasses share RotaryEmbedding's kernel
-        label = {
-            "customop": "CustomOp",
-            "ir": "vLLM IR op",
-            "layer": "PluggableLayer",
-            "module": "module",
-            "router": "MoE router",
-            "backend": "attention backend",
-        }[row.kind]
+        label = _KIND_LABELS[row.kind]
+        if row.kind == "quant":
+            ops[f"INT{row.bits} {name} ({label})"] = _quant_row(row)
+            continue
         if not row.cpp:  # ops/mamba.py, gdn.py, moe_routing.py, diffkv_attention.py
             ops[f"{name} ({label})"] = "PyTorch (the plugin's reference, no C++ kernel)"
             continue
@@ -91,13 +106,14 @@ def _kernels(overrides) -> dict:
         "library": "built" if ok else f"missing: {kernels.load_error()}",
         "isa": isa,
         "available_isas": kernels.available_isas(),
+        "quant_isa": kernels.quant_isa() or None,
         "ops": ops,
     }
 
 
 def collect() -> dict:
     from vllm_x86 import platform_decision
-    from vllm_x86.ops.registry import OVERRIDES
+    from vllm_x86.runtime.ops.registry import OVERRIDES
 
     cpu = hardware.cpu_info()
     mem = hardware.memory_info()
@@ -152,7 +168,8 @@ def collect() -> dict:
             "arch": cpu.arch,
             "isa_level": cpu.isa_level,
             "flags": {label: cpu.has(flag) for flag, label in hardware.ISA_FLAGS.items()},
-            "amx_usable": _amx_usable() if cpu.has("amx_tile") else False,
+            "usable_isas": list(hardware.usable_isas()),
+            "amx_usable": "amx" in hardware.usable_isas(),
             "logical_cpus": len(cpu.logical_cpus),
             "physical_cores": cpu.physical_cores,
             "numa_nodes": {str(n): c for n, c in cpu.cpus_by_node.items()},
@@ -171,13 +188,13 @@ def collect() -> dict:
             "quant_gemm": _quant_gemm(),
         },
         "kernels": _kernels(OVERRIDES),
-        "settings": {s.name: envs.get(s.name) for s in envs.SETTINGS},
+        "settings": {s.name: envs.get(s.name) for s in envs.SETTINGS if not s.internal},
     }
 
 
 def _quant_gemm() -> dict:
     """Which kernels run x86_int8/x86_int4 GEMMs here (quant/methods.py decides)."""
-    from vllm_x86.quant import methods
+    from vllm_x86.runtime.quant import methods
 
     isa = methods.quant_isa()
     if isa:
@@ -211,6 +228,8 @@ def render(r: dict) -> str:
             else ""
         ),
         "  ISA flags    : " + "  ".join(f"{k} {yes(v)}" for k, v in cpu["flags"].items()),
+        f"  kernels can run: {', '.join(cpu['usable_isas']) or 'none'} "
+        "(vllm_x86/runtime/hardware.py)",
         f"  cores        : {cpu['physical_cores']} physical, {cpu['logical_cpus']} logical "
         f"CPUs usable",
         "  NUMA nodes   : "
@@ -235,11 +254,11 @@ def render(r: dict) -> str:
         f"  KV cache        : {ch['kv_cache']['gib']} GiB ({ch['kv_cache']['source']})",
         f"  INT8/INT4 GEMMs : {ch['quant_gemm']['kernels']}",
         "",
-        "Kernels (vllm_x86/ops/registry.py)",
+        "Kernels (vllm_x86/runtime/ops/registry.py)",
         f"  library      : {r['kernels']['library']}; ISA in use: {r['kernels']['isa']} "
         f"(this CPU can run: {', '.join(r['kernels']['available_isas']) or 'none'}; "
-        "VLLM_X86_ISA chooses)",
-        *(f"  {op:<38} -> {path}" for op, path in r["kernels"]["ops"].items()),
+        f"VLLM_X86_ISA chooses); INT8/INT4 GEMMs: {r['kernels']['quant_isa'] or 'none'}",
+        *(f"  {op:<44} -> {path}" for op, path in r["kernels"]["ops"].items()),
         "",
         "Settings (VLLM_X86_*)",
         *(f"  {k}={v}" for k, v in r["settings"].items()),

@@ -1,15 +1,23 @@
 """What this machine is: ISA flags, cores, NUMA nodes, memory.
 
-Everything here reads /proc and /sys (Linux) and nothing else: no torch, no vLLM, so
-`register()` and `vllm-x86 doctor` can call it cheaply. Results are cached per process.
+Everything here reads /proc and /sys (Linux), plus one system call (``amx_permitted``),
+and nothing else: no torch, no vLLM, so `register()` and `vllm-x86 doctor` can call it
+cheaply. Results are cached per process.
+
+This is the one place the plugin asks what the CPU can run: ``usable_isas()`` (the
+flags each ISA of the kernels needs, ``ISA_NEEDS``, and for AMX Linux's permission).
+ops/kernels.py hands its answer to the C++ library, which probes nothing itself, and
+the kernel choice of the quantized layers (ops/registry.py) reads it too.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import platform
 import re
+import shutil
 from dataclasses import dataclass, field
 
 GiB = 1 << 30
@@ -49,14 +57,74 @@ class CpuInfo:
 
     @property
     def isa_level(self) -> str:
-        """Best vector ISA for the plugin's kernels: amx > avx512 > avx2 > none."""
-        if self.has("amx_tile") and self.has("amx_bf16"):
-            return "amx"
-        if self.has("avx512f") and self.has("avx512bw") and self.has("avx512vl"):
-            return "avx512"
-        if self.has("avx2") and self.has("fma"):
-            return "avx2"
+        """Best vector ISA for the plugin's kernels: amx > avx512 > avx2 > none
+        (usable_isas)."""
+        isas = usable_isas(self)
+        for level in ("amx", "avx512", "avx2"):
+            if level in isas:
+                return level
         return "none"
+
+
+# The ISAs of the plugin's kernels, each with the CPU flags (/proc/cpuinfo's names) its
+# code is compiled for (the `#pragma GCC target` of its csrc file; Linux drops these
+# flags when it runs with the extended register state off).
+_AVX2 = ("avx2", "fma", "f16c")
+_AVX512 = (*_AVX2, "avx512f", "avx512bw", "avx512vl", "avx512dq")
+ISA_NEEDS: dict[str, tuple[str, ...]] = {
+    # the builds of the elementwise kernels (csrc/isa_*.cpp; VLLM_X86_ISA picks one)
+    "avx2": _AVX2,
+    "avx512": _AVX512,
+    "avx512_bf16": (*_AVX512, "avx512_bf16"),
+    # the INT8/INT4 GEMMs: csrc/vnni_gemm.cpp, and csrc/amx_gemm.cpp, which also needs
+    # Linux's permission to use the tile registers (amx_permitted)
+    "avx512_vnni": (*_AVX512, "avx512_vnni"),
+    "amx": (*_AVX512, "amx_tile", "amx_int8"),
+}
+KERNEL_ISAS = ("avx2", "avx512", "avx512_bf16")  # elementwise kernels, lowest first
+QUANT_ISAS = ("avx512_vnni", "amx")  # INT8/INT4 GEMMs, lowest first
+
+_ARCH_PRCTL = 158  # x86-64 system call number
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+
+
+@functools.cache
+def amx_permitted() -> bool:
+    """Whether Linux lets this process use the AMX tile registers.
+
+    Linux (5.16 and later) hands the tile data state to a process only when asked
+    (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)); until then the first AMX
+    instruction kills it. The permission is the process's: every thread has it, and a
+    forked child inherits it (a new program asks again: the cache is per process). Asking
+    is the only way to know, so this asks, here, once: this module is where the plugin
+    learns what the CPU can run, before the C++ library (which probes nothing) runs an
+    AMX instruction; torch's oneDNN makes the same request for its own AMX kernels."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64", "amd64"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        args = (_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA)
+        return libc.syscall(*(ctypes.c_long(a) for a in args)) == 0
+    except (OSError, AttributeError):  # pragma: no cover - no libc syscall()
+        return False
+
+
+def usable_isas(info: CpuInfo | None = None) -> tuple[str, ...]:
+    """The ISAs of ISA_NEEDS this CPU (``info``, this machine's by default) and process
+    can run, in ISA_NEEDS' order: the CPU has every flag, and for AMX Linux granted the
+    tile state (amx_permitted). The one answer to "can the kernels run X here?"."""
+    info = cpu_info() if info is None else info
+    out = [isa for isa, flags in ISA_NEEDS.items() if all(info.has(f) for f in flags)]
+    if "amx" in out and not amx_permitted():
+        out.remove("amx")
+    return tuple(out)
+
+
+def best_isa(family: tuple[str, ...], info: CpuInfo | None = None) -> str | None:
+    """The highest ISA of `family` (KERNEL_ISAS or QUANT_ISAS) usable here, or None."""
+    isas = usable_isas(info)
+    return next((isa for isa in reversed(family) if isa in isas), None)
 
 
 @dataclass(frozen=True)
@@ -216,6 +284,18 @@ def memory_info(node: int | None = None) -> MemoryInfo:
         node_available=node_avail,
         cgroup_limit=cg,
     )
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler that torch's Inductor would run (``$CXX``, else the first of g++,
+    c++, clang++ on PATH), or None. vLLM's compiled mode generates and compiles C++ while
+    it serves; without a compiler it fails at the first request."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
 
 
 def plugin_supported() -> tuple[bool, str]:

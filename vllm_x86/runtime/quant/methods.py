@@ -19,7 +19,10 @@ keep 16-bit activations at the same speed from 8 rows up (docs/quantization.md):
   `VLLM_X86_QUANT_KERNEL=vllm`, vLLM CPU's `torch.ops._C.int4_scaled_mm_cpu` (8-bit
   activations).
 
-Without AMX the plugin's kernels run on AVX-512 VNNI (csrc/vnni_gemm.cpp: the same
+Which kernel runs a weight is decided by the op table's quant rows
+(ops/registry.py: weight_kernel, lm_head_kernel, int4_layout_kernel, from what
+hardware.py says the CPU can run), re-exported here. Without AMX the plugin's kernels
+run on AVX-512 VNNI (csrc/vnni_gemm.cpp: the same
 packed weights, bit-identical results; vLLM CPU's kernels need AMX, so groups of 32 and
 VLLM_X86_QUANT_KERNEL=vllm get PyTorch's kernels there). With neither, the methods use
 PyTorch's weight-only kernels (`aten._weight_int8pack_mm`,
@@ -32,18 +35,33 @@ only activation type).
 from __future__ import annotations
 
 import torch
-from torch.nn import Module, Parameter
 
-from vllm_x86.log import get_logger
+from vllm_x86.runtime.log import get_logger
+from vllm_x86.runtime.ops import registry
+
+# Which kernel runs a weight is the op table's (its quant rows' rules), asked here.
+from vllm_x86.runtime.ops.registry import (  # noqa: F401  (re-exported)
+    activations,
+    amx_available,
+    check_plugin_kernels,
+    int4_kernel,
+    int4_layout_kernel,
+    int8_kernel,
+    lm_head_kernel,
+    plugin_kernels_available,
+    quant_isa,
+    weight_kernel,
+)
 
 logger = get_logger("quant")
 
 # Packed layouts, recorded in prepacked checkpoints (format.py): the plugin's own
 # (pack_int8_w8a16, pack_int4_w4a16), and for INT4 groups of 32 the one vLLM 0.32.0's
-# converter produces (another vLLM may pack differently, hence the vLLM pin).
-INT8_LAYOUT = "vllm-x86-int8-w8a16-amx-1"
-INT4_LAYOUT = "vllm-x86-int4-w4a16-amx-1"  # groups of 64 and 128
-INT4_LAYOUT_VLLM = "vllm-cpu-0.32-sgl-int4-awq-amx"  # groups of 32
+# converter produces (another vLLM may pack differently, hence the vLLM pin). The op
+# table's kernels (ops/registry.py) name them.
+INT8_LAYOUT = registry.W8A16.layout
+INT4_LAYOUT = registry.W4A16.layout  # groups of 64 and 128
+INT4_LAYOUT_VLLM = registry.VLLM_W4A8.layout  # groups of 32
 
 _warned: set[str] = set()
 
@@ -52,80 +70,6 @@ def _warn_once(key: str, msg: str, *args) -> None:
     if key not in _warned:
         _warned.add(key)
         logger.warning(msg, *args)
-
-
-def quant_isa() -> str | None:
-    """The ISA the plugin's INT8/INT4 kernels run on here: "amx", "avx512_vnni" (the
-    same packed weights and bit-identical results, csrc/vnni_gemm.cpp), or None (no
-    AMX and no AVX-512 VNNI, or VLLM_X86_QUANT_KERNEL=torch asks for PyTorch's
-    weight-only kernels, for comparisons). Read from the CPU's flags, so it answers
-    without the kernels loaded; check_plugin_kernels() then says why they cannot run."""
-    from vllm_x86 import envs
-    from vllm_x86.hardware import cpu_info
-
-    if envs.get("VLLM_X86_QUANT_KERNEL") == "torch":
-        return None
-    if torch.cpu._is_amx_tile_supported():
-        return "amx"
-    cpu = cpu_info()
-    if all(cpu.has(f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")):
-        return "avx512_vnni"
-    return None
-
-
-def activations(isa: str | None) -> str:
-    """How the plugin's kernels on `isa` round activations, in words (log, doctor)."""
-    from vllm_x86.ops import kernels
-
-    rows = kernels.a8_rows() if isa == "avx512_vnni" else 0
-    if rows == 0:
-        return "16-bit activations"
-    if rows == 1:
-        return "8-bit activations (a scale per 64 inputs)"
-    return f"16-bit activations below {rows} rows, 8-bit (a scale per 64 inputs) from {rows}"
-
-
-def plugin_kernels_available() -> bool:
-    """Whether the plugin's INT8/INT4 kernels (AMX or AVX-512 VNNI) are the ones to use."""
-    return quant_isa() is not None
-
-
-def amx_available() -> bool:
-    """vLLM CPU's own INT8/INT4 kernels (VLLM_X86_QUANT_KERNEL=vllm, INT4 groups of 32)
-    need AMX."""
-    return quant_isa() == "amx"
-
-
-def int8_kernel() -> str:
-    """The INT8 kernel: "w8a16" (the plugin's, default), "vllm" (vLLM CPU's AMX kernel,
-    on request) or "torch" (neither AMX nor AVX-512 VNNI, or on request)."""
-    from vllm_x86 import envs
-
-    if not plugin_kernels_available():
-        return "torch"
-    if envs.get("VLLM_X86_QUANT_KERNEL") == "vllm":
-        return "vllm" if amx_available() else "torch"
-    check_plugin_kernels()
-    return "w8a16"
-
-
-def int4_kernel(group_size: int) -> str:
-    """The INT4 kernel for a configured group size: "w4a16" (the plugin's; groups of 64
-    and 128), "vllm" (vLLM CPU's AMX W4A8; groups of 32, or on request) or "torch"
-    (neither AMX nor AVX-512 VNNI, groups of 32 without AMX, or on request)."""
-    from vllm_x86 import envs
-
-    if not plugin_kernels_available():
-        return "torch"
-    if envs.get("VLLM_X86_QUANT_KERNEL") == "vllm" or group_size < 64:
-        return "vllm" if amx_available() else "torch"
-    check_plugin_kernels()
-    return "w4a16"
-
-
-def int4_layout_kernel(layout: str) -> str:
-    """The kernel a prepacked INT4 checkpoint's layout is for."""
-    return "w4a16" if layout == INT4_LAYOUT else "vllm"
 
 
 def check_prepacked_runs(kernel: str, what: str, name: str) -> None:
@@ -146,36 +90,6 @@ def check_prepacked_runs(kernel: str, what: str, name: str) -> None:
             f"VNNI, and this CPU has neither (or VLLM_X86_QUANT_KERNEL=torch is set); {instead}"
         )
     check_plugin_kernels()
-
-
-_isa_logged = False
-
-
-def check_plugin_kernels() -> None:
-    """Raise with what to do when the plugin's INT8/INT4 kernels cannot run; log once
-    which ISA they run on."""
-    global _isa_logged
-    from vllm_x86.ops import kernels
-
-    if not kernels.available():
-        raise RuntimeError(
-            "x86_int8/x86_int4 run the plugin's kernels and the plugin's kernels did not "
-            f"load ({kernels.load_error()}); run `make install`, or set "
-            "VLLM_X86_QUANT_KERNEL=torch for PyTorch's weight-only kernels"
-        )
-    import vllm_x86._C as C
-
-    isa = C.quant_isa()
-    if not isa:
-        raise RuntimeError(
-            "the plugin's INT8/INT4 kernels cannot run in this process: no AVX-512 VNNI, "
-            "and Linux refused the AMX tile state; set VLLM_X86_QUANT_KERNEL=torch"
-        )
-    if not _isa_logged:
-        _isa_logged = True
-        logger.info(
-            "vllm-x86: INT8/INT4 GEMMs run the plugin's %s kernels, %s", isa, activations(isa)
-        )
 
 
 def _ops():
@@ -398,11 +312,6 @@ def int4_matmul(kernel, x, weight, scale, zp, group, bias, scale_zero=None):
     return out if bias is None else out + bias.to(out.dtype)
 
 
-def weight_kernel(bits: int, group_size: int) -> str:
-    """The kernel a weight quantized while loading runs on (int8_kernel, int4_kernel)."""
-    return int8_kernel() if bits == 8 else int4_kernel(group_size)
-
-
 def bf16_reason(bits: int, n: int, k: int, group_size: int, kernel: str) -> str | None:
     """Why an [N, K] weight that scope.py quantizes stays in bf16 (a shape `kernel`
     cannot take), or None: the layers (below) and the conformance reference (fake.py)
@@ -414,15 +323,15 @@ def bf16_reason(bits: int, n: int, k: int, group_size: int, kernel: str) -> str 
 
 def lm_head_bf16_reason(n: int, k: int, bits: int = 8, group_size: int = 128) -> str | None:
     """Why an LM head asked for in INT8 or INT4 stays in bf16 (lm_head.py), or None."""
-    kernel = weight_kernel(bits, group_size)
-    if bits == 8:
-        if kernel == "torch":
+    kernel = lm_head_kernel(bits, group_size)
+    if kernel is None:
+        if bits == 8:
             return "INT8 LM head needs the plugin's INT8 kernel (AMX or AVX-512 VNNI)"
-        return int8_shape_problem(n, k, kernel)
-    if kernel != "w4a16":
         return (
             "INT4 LM head needs the plugin's INT4 kernel (AMX or AVX-512 VNNI, groups of 64 or 128)"
         )
+    if bits == 8:
+        return int8_shape_problem(n, k, kernel)
     return int4_shape_problem(n, k, group_size, kernel)
 
 
@@ -459,213 +368,3 @@ def packed_shapes(
             "weight_scale": ((n // 32, k // g, 32), torch.float32, 32),
         }
     raise ValueError(f"no prepacked INT4 layout for the {kernel!r} kernel")
-
-
-def _packed_param(layer: Module, name: str, shape, dtype, weight_loader, rows_per_entry=1):
-    """A parameter for a prepacked tensor, loaded by the layer's own weight loader.
-
-    Prepacked checkpoints keep the checkpoint's unfused names (q_proj, k_proj, ...),
-    each tensor packed on its own. Packing works on blocks of whole output channels (16
-    for INT8, 32 for INT4) and packing a concatenation equals concatenating the packed
-    parts (tested), so vLLM's loaders for fused layers place each part at its output
-    offset: `output_dim` 0, and for tensors whose first dimension counts blocks of
-    channels, `packed_dim` 0 with `packed_factor` the block size (the offsets are
-    divided by it)."""
-    from vllm.model_executor.utils import set_weight_attrs
-
-    p = Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
-    attrs = {"output_dim": 0, "weight_loader": _checked(weight_loader, dtype)}
-    if rows_per_entry > 1:
-        attrs.update(packed_dim=0, packed_factor=rows_per_entry)
-    set_weight_attrs(p, attrs)
-    layer.register_parameter(name, p)
-
-
-def _checked(weight_loader, dtype):
-    """The layer's loader, after a dtype check: a bf16 tensor where a packed one
-    belongs means the checkpoint and its config disagree."""
-
-    def load(param, loaded_weight, *args, **kwargs):
-        if loaded_weight.dtype != dtype:
-            raise ValueError(
-                f"prepacked tensor of dtype {loaded_weight.dtype} where {dtype} belongs: "
-                "the checkpoint's files and its quantization_config disagree; quantize "
-                "the bf16 model again"
-            )
-        return weight_loader(param, loaded_weight, *args, **kwargs)
-
-    return load
-
-
-def _set(layer: Module, name: str, t: torch.Tensor) -> None:
-    if hasattr(layer, name):
-        delattr(layer, name)
-    layer.register_parameter(name, Parameter(t, requires_grad=False))
-
-
-class _X86QuantLinearMethod:
-    """Shared create_weights for both methods (subclasses of vLLM's LinearMethodBase
-    are built in config.py, so importing this module needs no vLLM import)."""
-
-    bits: int
-
-    def __init__(self, config) -> None:
-        self.config = config
-
-    # bf16 weights, quantized after loading
-    def _create_bf16(self, layer, k, n, params_dtype, extra) -> None:
-        from vllm.model_executor.parameter import ModelWeightParameter
-        from vllm.model_executor.utils import set_weight_attrs
-
-        weight_loader = extra.pop("weight_loader")
-        weight = ModelWeightParameter(
-            data=torch.empty(n, k, dtype=params_dtype),
-            input_dim=1,
-            output_dim=0,
-            weight_loader=weight_loader,
-        )
-        layer.register_parameter("weight", weight)
-        set_weight_attrs(weight, extra)
-
-    def create_weights(
-        self,
-        layer,
-        input_size_per_partition,
-        output_partition_sizes,
-        input_size,
-        output_size,
-        params_dtype,
-        **extra_weight_attrs,
-    ):
-        if params_dtype != torch.bfloat16:
-            raise ValueError(
-                f"{self.config.get_name()} runs bfloat16 models (its kernels take bfloat16 "
-                f"activations), not {params_dtype}; pass --dtype bfloat16"
-            )
-        n, k = sum(output_partition_sizes), input_size_per_partition
-        layer.x86_shape = (n, k)
-        problem = self.shape_problem(n, k)
-        layer.x86_quantized = problem is None
-        if problem is not None:
-            _warn_once(
-                f"shape{n}x{k}", "vllm-x86: a %dx%d linear layer stays in bf16: %s", n, k, problem
-            )
-        if self.config.prepacked and layer.x86_quantized:
-            if input_size_per_partition != input_size or n != output_size:
-                raise ValueError(
-                    "prepacked x86 checkpoints run with tensor parallel size 1; serve the "
-                    "bf16 model with --quantization to split it"
-                )
-            self.create_prepacked(layer, n, k, extra_weight_attrs["weight_loader"])
-        else:
-            self._create_bf16(layer, k, n, params_dtype, dict(extra_weight_attrs))
-
-    def process_weights_after_loading(self, layer: Module) -> None:
-        if getattr(layer, "x86_done", False):
-            return
-        layer.x86_done = True
-        if not layer.x86_quantized:
-            from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-            dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
-            return
-        if self.config.prepacked:
-            check_prepacked_runs(
-                layer.x86_kernel, "this checkpoint is packed", self.config.get_name()
-            )
-            return
-        if not plugin_kernels_available():
-            _warn_once(
-                "noamx",
-                "vllm-x86: %s without AMX or AVX-512 VNNI runs PyTorch's weight-only "
-                "kernels: fast for one request, slow for batches",
-                self.config.get_name(),
-            )
-        self.quantize_and_pack(layer, layer.weight.data)
-
-    def apply(self, layer: Module, x: torch.Tensor, bias: torch.Tensor | None = None):
-        if not layer.x86_quantized:
-            from vllm.model_executor.layers.utils import cpu_unquantized_gemm
-
-            return cpu_unquantized_gemm(layer, x, layer.weight, bias)
-        x2 = x.reshape(-1, x.shape[-1])
-        out = self.matmul(layer, x2, None if bias is None else bias.float())
-        return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-class X86Int8Linear(_X86QuantLinearMethod):
-    bits = 8
-
-    def shape_problem(self, n, k):
-        from vllm_x86.quant import scope
-
-        # a prepacked checkpoint is always in the plugin's layout
-        kernel = "w8a16" if self.config.prepacked else int8_kernel()
-        return scope.plan("linear", n, k, 8, kernel=kernel).reason
-
-    def create_prepacked(self, layer, n, k, loader):
-        layer.x86_kernel = "w8a16"
-        for name, (shape, dtype, rows) in packed_shapes(8, "w8a16", n, k).items():
-            _packed_param(layer, name, shape, dtype, loader, rows)
-
-    def quantize_and_pack(self, layer, w):
-        layer.x86_kernel = int8_kernel()
-        for name, t in quantize_pack(8, layer.x86_kernel, w).items():
-            _set(layer, name, t)
-
-    def matmul(self, layer, x, bias):
-        return int8_matmul(layer.x86_kernel, x, layer.weight, layer.weight_scale, bias)
-
-
-class X86Int4Linear(_X86QuantLinearMethod):
-    bits = 4
-
-    def _kernel(self) -> str:
-        if self.config.prepacked:
-            return int4_layout_kernel(self.config.layout)
-        return weight_kernel(4, self.config.group_size)
-
-    def shape_problem(self, n, k):
-        from vllm_x86.quant import scope
-
-        return scope.plan("linear", n, k, 4, self.config.group_size, kernel=self._kernel()).reason
-
-    def _group(self, layer) -> int:
-        n, k = layer.x86_shape
-        g = effective_group_size(k, self.config.group_size)
-        if g != self.config.group_size:
-            _warn_once(
-                f"group{k}",
-                "vllm-x86: x86_int4 uses groups of %d for layers with "
-                "%d input channels (not a multiple of %d)",
-                g,
-                k,
-                self.config.group_size,
-            )
-        return g
-
-    def create_prepacked(self, layer, n, k, loader):
-        g = self._group(layer)
-        layer.x86_group = g
-        layer.x86_kernel = self._kernel()
-        for name, (shape, dtype, rows) in packed_shapes(4, layer.x86_kernel, n, k, g).items():
-            _packed_param(layer, name, shape, dtype, loader, rows)
-
-    def quantize_and_pack(self, layer, w):
-        g = self._group(layer)
-        layer.x86_group = g
-        layer.x86_kernel = self._kernel()
-        for name, t in quantize_pack(4, layer.x86_kernel, w, g, self.config.zero_point).items():
-            _set(layer, name, t)
-
-    def matmul(self, layer, x, bias):
-        return int4_matmul(
-            layer.x86_kernel,
-            x,
-            layer.weight,
-            getattr(layer, "weight_scale", None),
-            getattr(layer, "weight_zp", None),
-            layer.x86_group,
-            bias,
-            getattr(layer, "weight_scale_zero", None),
-        )

@@ -1,6 +1,8 @@
 // Torch-facing ops of vllm-x86: argument checks, work split over threads, and the
 // call into the kernel table of the ISA picked at run time. Built for the baseline
-// x86-64 ISA, so loading the library never needs more than the machine has.
+// x86-64 ISA, so loading the library never needs more than the machine has. Which ISAs
+// the machine has is not asked here: vllm_x86/runtime/hardware.py decides and
+// ops/kernels.py says so (set_cpu_isas) when it loads the library.
 #include <ATen/Parallel.h>
 #include <omp.h>
 #include <sched.h>
@@ -21,31 +23,42 @@ namespace vllm_x86 {
 
 namespace {
 
-bool cpu_has_avx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+// What this CPU and process can run: the ISA names of vllm_x86/runtime/hardware.py
+// (ISA_NEEDS), handed over by ops/kernels.py when it loads the library (set_cpu_isas).
+// The library probes nothing itself; until it is told, no kernel runs.
+std::vector<std::string>& cpu_isas_told() {
+  static std::vector<std::string> isas;
+  return isas;
 }
-bool cpu_has_avx512() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         cpu_has_avx2();
+
+bool told(const std::string& name) {
+  const auto& isas = cpu_isas_told();
+  return std::find(isas.begin(), isas.end(), name) != isas.end();
 }
-bool cpu_has_avx512bf16() {
-  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+
+std::string told_list() {
+  std::string out;
+  for (const auto& s : cpu_isas_told()) out += (out.empty() ? "" : ", ") + s;
+  return out.empty() ? "nothing" : out;
 }
+
+// The elementwise kernel tables, lowest ISA first.
+const KernelTable* const kTables[] = {&avx2::table, &avx512::table, &avx512bf16::table};
 
 const KernelTable* best_table() {
-  if (cpu_has_avx512bf16()) return &avx512bf16::table;
-  if (cpu_has_avx512()) return &avx512::table;
-  if (cpu_has_avx2()) return &avx2::table;
-  return nullptr;
+  const KernelTable* best = nullptr;
+  for (const KernelTable* t : kTables)
+    if (told(t->name)) best = t;
+  return best;
 }
 
-const KernelTable* g_table = best_table();
+const KernelTable* g_table = nullptr;
 
 const KernelTable& table() {
   TORCH_CHECK(g_table != nullptr,
-              "vllm-x86 kernels need AVX2, FMA and F16C; this CPU lacks them");
+              "vllm-x86 kernels need AVX2, FMA and F16C, and the library was told this CPU "
+              "can run ", told_list(),
+              " (vllm_x86.runtime.ops.kernels tells it what vllm_x86/runtime/hardware.py finds)");
   return *g_table;
 }
 
@@ -116,27 +129,18 @@ void check_weight(const std::optional<at::Tensor>& weight, const at::Tensor& x, 
 
 std::string isa() { return g_table ? g_table->name : "none"; }
 
-std::vector<std::string> available_isas() {
-  std::vector<std::string> out;
-  if (cpu_has_avx2()) out.push_back(avx2::table.name);
-  if (cpu_has_avx512()) out.push_back(avx512::table.name);
-  if (cpu_has_avx512bf16()) out.push_back(avx512bf16::table.name);
-  return out;
-}
-
 void set_isa(const std::string& name) {
   if (name == "auto" || name.empty()) {
     g_table = best_table();
     return;
   }
   const KernelTable* want = nullptr;
-  bool ok = false;
-  if (name == avx2::table.name) want = &avx2::table, ok = cpu_has_avx2();
-  if (name == avx512::table.name) want = &avx512::table, ok = cpu_has_avx512();
-  if (name == avx512bf16::table.name) want = &avx512bf16::table, ok = cpu_has_avx512bf16();
+  for (const KernelTable* t : kTables)
+    if (name == t->name) want = t;
   TORCH_CHECK(want != nullptr, "vllm-x86: unknown ISA '", name,
               "' (choose auto, avx2, avx512 or avx512_bf16)");
-  TORCH_CHECK(ok, "vllm-x86: this CPU cannot run the ", name, " kernels");
+  TORCH_CHECK(told(name), "vllm-x86: this CPU cannot run the ", name,
+              " kernels (it can run: ", told_list(), ")");
   g_table = want;
 }
 
@@ -317,18 +321,19 @@ void split_norm_rope_neox(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& v_ou
                    });
 }
 
-bool amx_available() { return amx::init(); }
-
 namespace {
 
 // The W8A16/W4A16 kernel family: "amx", "avx512_vnni" or "" (none can run here).
 std::string& quant_isa_choice() {
-  static std::string choice = [] {
-    if (amx::init()) return std::string("amx");
-    if (vnni::init()) return std::string("avx512_vnni");
-    return std::string();
-  }();
+  static std::string choice;
   return choice;
+}
+
+// The best W8A16/W4A16 kernel family the library was told this CPU can run.
+std::string best_quant_isa() {
+  if (told("amx")) return "amx";
+  if (told("avx512_vnni")) return "avx512_vnni";
+  return "";
 }
 
 // VLLM_X86_QUANT_A8_ROWS's default (envs.py); kernels.py applies the setting.
@@ -351,18 +356,33 @@ void set_quant_a8_rows(int64_t rows) {
 
 void set_quant_isa(const std::string& name) {
   if (name == "auto") {
-    quant_isa_choice() = amx::init() ? "amx" : vnni::init() ? "avx512_vnni" : "";
+    quant_isa_choice() = best_quant_isa();
     return;
   }
   TORCH_CHECK(name == "amx" || name == "avx512_vnni",
               "vllm-x86 set_quant_isa: expected auto, amx or avx512_vnni, got ", name);
-  TORCH_CHECK(name != "amx" || amx::init(),
+  TORCH_CHECK(name != "amx" || told(name),
               "vllm-x86: the AMX kernels cannot run here (no AMX-INT8, or Linux refused the "
-              "tile state)");
-  TORCH_CHECK(name != "avx512_vnni" || vnni::init(),
+              "tile state; this CPU can run: ", told_list(), ")");
+  TORCH_CHECK(name != "avx512_vnni" || told(name),
               "vllm-x86: the AVX-512 VNNI kernels cannot run here (this CPU has no "
-              "AVX-512 VNNI)");
+              "AVX-512 VNNI; it can run: ", told_list(), ")");
   quant_isa_choice() = name;
+}
+
+std::vector<std::string> cpu_isas() { return cpu_isas_told(); }
+
+void set_cpu_isas(const std::vector<std::string>& isas) {
+  static const char* const known[] = {"avx2", "avx512", "avx512_bf16", "avx512_vnni", "amx"};
+  for (const auto& name : isas) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || name == k;
+    TORCH_CHECK(ok, "vllm-x86 set_cpu_isas: unknown ISA '", name,
+                "' (known: avx2, avx512, avx512_bf16, avx512_vnni, amx)");
+  }
+  cpu_isas_told() = isas;
+  g_table = best_table();
+  quant_isa_choice() = best_quant_isa();
 }
 
 namespace {
@@ -377,7 +397,7 @@ struct SplitRows {
 void check_activations(const at::Tensor& x, const char* op) {
   TORCH_CHECK(!quant_isa_choice().empty(), "vllm-x86 ", op,
               " needs AMX-INT8 (and Linux's permission to use it) or AVX-512 VNNI; this CPU "
-              "or process has neither");
+              "or process has neither (the library was told it can run: ", told_list(), ")");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1,
               "vllm-x86 ", op, ": x must be a 2-D bfloat16 tensor with contiguous rows");
   TORCH_CHECK(x.size(1) % 64 == 0, "vllm-x86 ", op, ": K must be a multiple of 64, got ",

@@ -1,4 +1,5 @@
-// Declarations of the torch-facing ops (ops.cpp), registered in bindings.cpp.
+// Declarations of the torch-facing ops (ops.cpp), registered in bindings.cpp (their
+// schemas and fakes: vllm_x86/runtime/ops/schemas.py).
 #pragma once
 
 #include <torch/all.h>
@@ -9,8 +10,13 @@
 
 namespace vllm_x86 {
 
+// What this CPU and process can run (vllm_x86/runtime/hardware.py's usable_isas(),
+// passed in by ops/kernels.py at load): the library probes nothing itself. Setting it
+// picks the best elementwise ISA and INT8/INT4 GEMM family it allows.
+std::vector<std::string> cpu_isas();
+void set_cpu_isas(const std::vector<std::string>& isas);
+// The elementwise kernels' ISA: avx2, avx512 or avx512_bf16 ("auto": the best told).
 std::string isa();
-std::vector<std::string> available_isas();
 void set_isa(const std::string& name);
 
 void rms_norm(at::Tensor& out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
@@ -29,7 +35,6 @@ void split_norm_rope_neox(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& v_ou
                           const at::Tensor& cos_sin_cache, int64_t num_heads,
                           int64_t num_kv_heads, int64_t head_size, double epsilon);
 
-bool amx_available();
 // The W8A16/W4A16 kernels that run: "amx", "avx512_vnni" (same results, no AMX) or ""
 // (neither can run here); set_quant_isa picks one ("auto": AMX where it can run).
 std::string quant_isa();

@@ -42,8 +42,9 @@ from torch.nn import Module, Parameter
 from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
-from vllm_x86.quant import methods as m
-from vllm_x86.quant import scope
+from vllm_x86.runtime.ops import schemas  # noqa: F401  (quant_moe_experts' schema, first)
+from vllm_x86.runtime.quant import methods as m
+from vllm_x86.runtime.quant import scope
 
 ACTIVATIONS = (MoEActivation.SILU, MoEActivation.GELU, MoEActivation.GELU_TANH)
 _logged: set[str] = set()
@@ -51,20 +52,18 @@ _logged: set[str] = set()
 _LAYERS: weakref.WeakValueDictionary[str, Module] = weakref.WeakValueDictionary()
 
 
-@torch.library.custom_op("vllm_x86::quant_moe_experts", mutates_args=())
 def quant_moe_experts(
     x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, layer_key: str
 ) -> torch.Tensor:
     """The routed experts of the layer registered as `layer_key` (run_experts), as one
-    op: on CPU vLLM compiles the MoE layer's forward with Dynamo, and the grouping of
-    tokens by expert depends on the data, so Dynamo must see it as one opaque call."""
+    op (torch.ops.vllm_x86.quant_moe_experts; schema and fake in ops/schemas.py): on
+    CPU vLLM compiles the MoE layer's forward with Dynamo, and the grouping of tokens by
+    expert depends on the data, so Dynamo must see it as one opaque call."""
     layer = _LAYERS[layer_key]
     return layer.quant_method.run(layer, x, topk_weights, topk_ids)
 
 
-@quant_moe_experts.register_fake
-def _quant_moe_experts_fake(x, topk_weights, topk_ids, layer_key):
-    return torch.empty_like(x)  # [M, H]: the experts' output has the input's shape
+torch.library.impl("vllm_x86::quant_moe_experts", "CPU")(quant_moe_experts)
 
 
 def moe_problem(moe, bits: int, group_size: int, kernel: str) -> str | None:
@@ -170,8 +169,9 @@ def _packed_loader(dtype: torch.dtype):
 
 
 def expert_kernel(bits: int, group_size: int) -> str:
-    """The GEMM kernel of the experts: the one Linear layers quantized while loading use."""
-    return m.int8_kernel() if bits == 8 else m.int4_kernel(group_size)
+    """The GEMM kernel of the experts: the one Linear layers quantized while loading use
+    (the op table's rule)."""
+    return m.weight_kernel(bits, group_size)
 
 
 def run_experts(x, topk_weights, topk_ids, gemm, activation, num_experts, weight_on_input=False):

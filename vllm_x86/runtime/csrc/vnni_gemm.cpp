@@ -565,13 +565,6 @@ void int4_w4a8_gemm(const int8_t* a, const float* ascale, const int32_t* asum, i
   gemm_a8<true>(a, ascale, asum, m, k, group, w, wscale, wzero, bias, out, ldo, nb_begin, nb_end);
 }
 
-bool init() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                         __builtin_cpu_supports("avx512vnni");
-  return ok;
-}
-
 void int8_w8a16_gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k, const int8_t* w,
                      const float* wscale, const float* bias, uint16_t* out, int64_t ldo,
                      int64_t nb_begin, int64_t nb_end) {
