@@ -1,4 +1,4 @@
-"""The KV cache from fresh zero pages (vllm_x86/kv_alloc.py)."""
+"""The KV cache from fresh zero pages (vllm_x86/runtime/startup/kv_alloc.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import psutil
 import pytest
 import torch
 
-from vllm_x86 import kv_alloc
-from vllm_x86.kv_alloc import fresh_zero_pages, zero_pages
+from vllm_x86.runtime.startup import kv_alloc
+from vllm_x86.runtime.startup.kv_alloc import fresh_zero_pages, zero_pages
 
 MIB = 1 << 20
 
@@ -97,7 +97,7 @@ def test_below_the_threshold_is_left_alone():
 
 
 def test_the_worker_uses_it_for_the_kv_cache_only(monkeypatch):
-    from vllm_x86.worker import X86Worker
+    from vllm_x86.runtime.worker import X86Worker
 
     w = X86Worker.__new__(X86Worker)  # the hook reads no worker state for "kv_cache"
     monkeypatch.delenv("VLLM_X86_KV_ZERO_PAGES", raising=False)

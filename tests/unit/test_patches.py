@@ -1,9 +1,11 @@
-"""vllm_x86/patches.py: the runtime patches, each in a fresh interpreter (an import hook
-must not leak into the other tests' sys.modules)."""
+"""vllm_x86/runtime/patches/: the runtime patches, those that install themselves each in a
+fresh interpreter (an import hook must not leak into the other tests' sys.modules). Their
+ledger is tests/unit/test_patch_ledger.py's."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -35,8 +37,9 @@ def test_qwen2_vl_image_processing_served_without_torchvision(torchvision_missin
     out = run(
         """
         import importlib
-        from vllm_x86 import patches
-        name = patches.QWEN2_VL_TORCHVISION_MODULE
+        from vllm_x86.runtime import patches
+        from vllm_x86.runtime.patches import qwen2_vl_torchvision as hook
+        name = hook.QWEN2_VL_TORCHVISION_MODULE
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -46,7 +49,7 @@ def test_qwen2_vl_image_processing_served_without_torchvision(torchvision_missin
         from transformers.models.qwen2_vl.image_processing_qwen2_vl import (
             Qwen2VLImageProcessor, smart_resize,
         )
-        pil = importlib.import_module(patches.QWEN2_VL_PIL_MODULE)
+        pil = importlib.import_module(hook.QWEN2_VL_PIL_MODULE)
         import transformers.models.qwen2_vl as pkg
         print("same smart_resize:", smart_resize is pil.smart_resize)
         print("processor:", Qwen2VLImageProcessor is pil.Qwen2VLImageProcessorPil)
@@ -67,26 +70,22 @@ def test_qwen2_vl_image_processing_served_without_torchvision(torchvision_missin
     assert "torchvision: False" in out
 
 
-def test_hook_steps_aside_when_torchvision_is_available():
-    from vllm_x86 import patches
+def test_hook_steps_aside_when_torchvision_is_available(monkeypatch):
+    from vllm_x86.runtime.patches import qwen2_vl_torchvision as hook
 
-    finder = patches.Qwen2VLImageProcessingFinder()
-    orig = patches._torchvision_available
-    try:
-        patches._torchvision_available = lambda: True
-        assert finder.find_spec(patches.QWEN2_VL_TORCHVISION_MODULE) is None
-        patches._torchvision_available = lambda: False
-        assert finder.find_spec(patches.QWEN2_VL_TORCHVISION_MODULE) is not None
-        assert finder.find_spec("transformers.models.qwen2_vl.modeling_qwen2_vl") is None
-    finally:
-        patches._torchvision_available = orig
+    finder = hook.Qwen2VLImageProcessingFinder()
+    monkeypatch.setattr(hook, "_torchvision_available", lambda: True)
+    assert finder.find_spec(hook.QWEN2_VL_TORCHVISION_MODULE) is None
+    monkeypatch.setattr(hook, "_torchvision_available", lambda: False)
+    assert finder.find_spec(hook.QWEN2_VL_TORCHVISION_MODULE) is not None
+    assert finder.find_spec("transformers.models.qwen2_vl.modeling_qwen2_vl") is None
 
 
 @pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_vllm_qwen3_5_model_file_imports(torchvision_missing):
     out = run(
         """
-        from vllm_x86 import patches
+        from vllm_x86.runtime import patches
         patches.apply_all()
         from vllm.model_executor.models.qwen3_5 import (
             Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM,
@@ -100,7 +99,7 @@ def test_vllm_qwen3_5_model_file_imports(torchvision_missing):
 def test_no_triton_allocator_is_scoped_to_the_block():
     from vllm.triton_utils import HAS_TRITON
 
-    from vllm_x86 import patches
+    from vllm_x86.runtime import patches
 
     name = "vllm.model_executor.layers.mamba.gdn.olmo_gdn_linear_attn"
     module = importlib.import_module(name)
@@ -112,9 +111,43 @@ def test_no_triton_allocator_is_scoped_to_the_block():
     assert (inside is original) == HAS_TRITON
 
 
+def test_aot_artifact_gets_finalize_loading_only_if_missing(monkeypatch):
+    """torch's AOT artifact class gets a finalize_loading that does nothing; one the class
+    has of its own (a later torch) is left alone."""
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as cls
+
+    from vllm_x86.runtime.patches import aot_finalize_loading
+
+    if "finalize_loading" in vars(cls):
+        monkeypatch.delattr(cls, "finalize_loading")
+    aot_finalize_loading.apply()
+    assert cls.finalize_loading is aot_finalize_loading.finalize_loading_done
+    assert cls.finalize_loading(object.__new__(cls), vllm_config=None) is None
+
+    def own(self, vllm_config):
+        return "torch's own"
+
+    monkeypatch.setattr(cls, "finalize_loading", own)
+    aot_finalize_loading.apply()
+    assert cls.finalize_loading is own
+
+
+def test_model_inspection_runs_in_process(monkeypatch):
+    from vllm.model_executor.models import registry
+
+    from vllm_x86.runtime.patches import inspect_models_in_process
+
+    monkeypatch.setattr(registry, "_run_in_subprocess", registry._run_in_subprocess)
+    pid = []
+    inspect_models_in_process()
+    assert registry._run_in_subprocess(lambda: pid.append(os.getpid()) or "answer") == "answer"
+    assert pid == [os.getpid()]
+
+
 FRONTEND_CODE = """
     import copy, os, sys, types
-    from vllm_x86 import patches
+    from vllm_x86.runtime import patches
+    from vllm_x86.runtime.patches import frontend_warmup as fw
     from vllm.renderers import hf
     from vllm.tokenizers import get_tokenizer
 
@@ -123,8 +156,8 @@ FRONTEND_CODE = """
     path = sys.argv[1]
     tok = get_tokenizer(path)
     pooled = hf.maybe_make_thread_pool(copy.copy(tok), 2)
-    pool, og = patches.tokenizer_pool_of(pooled)
-    print("patched:", getattr(hf.maybe_make_thread_pool, patches._PATCHED, False))
+    pool, og = fw.tokenizer_pool_of(pooled)
+    print("patched:", getattr(hf.maybe_make_thread_pool, fw.MARK, False))
     print("copies at build:", pool.qsize())
     renderer = object.__new__(hf.HfRenderer)
     renderer.tokenizer = pooled
@@ -132,7 +165,7 @@ FRONTEND_CODE = """
         tokenizer=path, model=path, tokenizer_revision=None, code_revision=None,
         trust_remote_code=False,
     )
-    patches._frontend_work(renderer)
+    fw.frontend_work(renderer)
     print("copies after:", pool.qsize())
     print("distinct copies:", len({id(t) for t in list(pool.queue)} | {id(og)}))
     text = "The capital of France is Paris."
@@ -155,7 +188,7 @@ def _frontend(default_model, **env) -> str:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**{k: v for k, v in os.environ.items() if k != "VLLM_X86_CLI"}, **env},
+        env={**{k: v for k, v in os.environ.items() if k != "VLLM_X86_SERVE_DEFAULTS"}, **env},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -165,7 +198,7 @@ def _frontend(default_model, **env) -> str:
 def test_frontend_warmup_makes_the_pool_copies_later_in_serve(default_model):
     """In `vllm-x86 serve` the pool is built without its copies; the background task
     adds exactly the copies vLLM would have made and fills vLLM's template cache."""
-    out = _frontend(default_model, VLLM_X86_CLI="serve")
+    out = _frontend(default_model, VLLM_X86_SERVE_DEFAULTS="1")
     assert "patched: True" in out  # this vLLM's pool has the structure the patch needs
     assert "copies at build: 0" in out
     assert "copies after: 2" in out
@@ -175,7 +208,14 @@ def test_frontend_warmup_makes_the_pool_copies_later_in_serve(default_model):
 
 
 @pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
-@pytest.mark.parametrize("env", [{}, {"VLLM_X86_CLI": "serve", "VLLM_X86_FRONTEND_WARMUP": "0"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"VLLM_X86_SERVE_DEFAULTS": "0"},
+        {"VLLM_X86_SERVE_DEFAULTS": "1", "VLLM_X86_FRONTEND_WARMUP": "0"},
+    ],
+)
 def test_frontend_warmup_elsewhere_keeps_vllms_copies_up_front(default_model, env):
     out = _frontend(default_model, **env)
     assert "copies at build: 2" in out
@@ -189,7 +229,8 @@ def test_tied_embedding_weight_gets_one_gemm():
     out = run(
         """
         import gc, torch
-        from vllm_x86 import patches
+        from vllm_x86.runtime import patches
+        from vllm_x86.runtime.patches import tied_embedding_gemm as tied
         patches.apply_all()
         from vllm.model_executor.layers import utils
         torch.manual_seed(0)
@@ -211,10 +252,10 @@ def test_tied_embedding_weight_gets_one_gemm():
         lin.weight = w
         utils.dispatch_cpu_unquantized_gemm(lin, remove_weight=True)
         print("remove_weight prepared anew:", lin.cpu_linear is not embed.cpu_linear)
-        n = len(patches._PREPARED_GEMMS)
+        n = len(tied._PREPARED_GEMMS)
         del embed, head, lin, w
         gc.collect()
-        print("entry dropped with its weight:", len(patches._PREPARED_GEMMS) == n - 1)
+        print("entry dropped with its weight:", len(tied._PREPARED_GEMMS) == n - 1)
         """
     )
     for line in (
@@ -233,11 +274,11 @@ def test_no_processor_possible_follows_autoprocessor(default_model, tmp_path):
     import json
     import shutil
 
-    from vllm_x86 import patches
+    from vllm_x86.runtime.patches.frontend_warmup import no_processor_possible
 
-    assert patches.no_processor_possible(str(default_model), False)
-    assert not patches.no_processor_possible(str(default_model), True)  # remote code: ask
-    assert not patches.no_processor_possible("HuggingFaceTB/SmolLM2-135M-Instruct", False)
+    assert no_processor_possible(str(default_model), False)
+    assert not no_processor_possible(str(default_model), True)  # remote code: ask
+    assert not no_processor_possible("HuggingFaceTB/SmolLM2-135M-Instruct", False)
 
     def variant(name: str, edit) -> str:
         d = tmp_path / name
@@ -246,15 +287,15 @@ def test_no_processor_possible_follows_autoprocessor(default_model, tmp_path):
         return str(d)
 
     with_preprocessor = variant("pre", lambda d: (d / "preprocessor_config.json").write_text("{}"))
-    assert not patches.no_processor_possible(with_preprocessor, False)
+    assert not no_processor_possible(with_preprocessor, False)
 
     def add_processor_class(d):
         p = d / "tokenizer_config.json"
         p.write_text(json.dumps(json.loads(p.read_text()) | {"processor_class": "X"}))
 
-    assert not patches.no_processor_possible(variant("tok", add_processor_class), False)
+    assert not no_processor_possible(variant("tok", add_processor_class), False)
 
     def multimodal_config(d):  # a config class AutoProcessor maps to a processor
         (d / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
 
-    assert not patches.no_processor_possible(variant("vl", multimodal_config), False)
+    assert not no_processor_possible(variant("vl", multimodal_config), False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -47,17 +48,17 @@ def model(default_model):
 
 @pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
 def test_plugin_defaults(model):
-    from vllm_x86.defaults import choose_threads
+    from vllm_x86.runtime.defaults import choose_threads
 
     c = config(model)
-    assert c["worker_cls"] == "vllm_x86.worker.X86Worker"
+    assert c["worker_cls"] == "vllm_x86.runtime.worker.X86Worker"
     assert c["kv_bytes"] is not None and c["kv_bytes"] >= 1 << 30
     bind, _ = choose_threads()
     assert c["bind"] == bind
     assert c["reserved"] is None  # an explicit CPU list needs no reservation setting
     assert "vllm-x86: KV cache" in c["log"]
     # for the engine and worker processes vLLM spawns from here (defaults.omp_env)
-    from vllm_x86.defaults import omp_env
+    from vllm_x86.runtime.defaults import omp_env
 
     assert c["gomp"] == omp_env(environ={})[0].get("GOMP_SPINCOUNT")
 
@@ -104,6 +105,23 @@ def test_disabled_plugin_leaves_stock_config(model):
 def test_serve_forks_the_engine_from_a_frozen_heap(model, fork):
     """In `vllm-x86 serve` with fork, the server freezes its gc heap before the engine
     processes are forked from it (their collections then skip the imports)."""
-    c = config(model, VLLM_X86_CLI="serve", VLLM_X86_ENGINE_FORK=fork)
+    c = config(model, VLLM_X86_SERVE_DEFAULTS="1", VLLM_X86_ENGINE_FORK=fork)
     assert c["method"] == ("fork" if fork == "1" else "spawn")
     assert (c["frozen"] > 10_000) == (fork == "1"), c["frozen"]
+
+
+def test_validate_environ_hides_only_the_plugins_settings(monkeypatch):
+    """vLLM's check of VLLM_* variables does not call the plugin's settings unknown, sees
+    every other one as before, and finds the environment as it was afterwards."""
+    from vllm_x86.runtime.platform import X86Platform
+
+    monkeypatch.setenv("VLLM_X86_OPS", "1")
+    monkeypatch.setenv("VLLM_X86_SERVE_DEFAULTS", "0")
+    monkeypatch.delenv("VLLM_NOT_A_SETTING", raising=False)
+    before = dict(os.environ)
+    X86Platform.validate_environ(hard_fail=True)
+    assert dict(os.environ) == before
+    monkeypatch.setenv("VLLM_NOT_A_SETTING", "1")
+    with pytest.raises(ValueError, match="Unknown vLLM environment variable detected: VLLM_NOT_A"):
+        X86Platform.validate_environ(hard_fail=True)
+    assert os.environ["VLLM_X86_OPS"] == "1"  # put back after the error too

@@ -5,21 +5,22 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_x86 import staged
+from vllm_x86.runtime.startup import staged
 
 
 @pytest.mark.parametrize(
-    "setting, cli, want",
+    "setting, serve, want",
     [
-        (None, "serve", True),  # auto: `vllm-x86 serve` and its daemon
+        (None, "1", True),  # auto: `vllm-x86 serve` and its daemon (VLLM_X86_SERVE_DEFAULTS=1)
         (None, None, False),  # auto: the LLM class, vLLM's own server
-        ("auto", "serve", True),
+        (None, "0", False),
+        ("auto", "1", True),
         ("1", None, True),
-        ("0", "serve", False),
+        ("0", "1", False),
     ],
 )
-def test_enabled(monkeypatch, setting, cli, want):
-    for name, value in (("VLLM_X86_STAGED_WARMUP", setting), ("VLLM_X86_CLI", cli)):
+def test_enabled(monkeypatch, setting, serve, want):
+    for name, value in (("VLLM_X86_STAGED_WARMUP", setting), ("VLLM_X86_SERVE_DEFAULTS", serve)):
         if value is None:
             monkeypatch.delenv(name, raising=False)
         else:
@@ -114,15 +115,13 @@ def test_a_failed_compile_keeps_serving_eagerly(module, caplog):
 def test_a_finished_compile_switches_once_the_artifact_is_there(module, monkeypatch, caplog):
     from types import SimpleNamespace
 
-    from vllm_x86 import worker as w
-
     seen = []
 
     def in_cache(runner, cfg):
         seen.append(module.do_not_compile)  # asked with the module compiled again
         return found
 
-    monkeypatch.setattr(w, "compiled_model_in_cache", in_cache)
+    monkeypatch.setattr(staged, "compiled_model_in_cache", in_cache)
     caplog.set_level("INFO", logger=staged.logger.name)
     fake = SimpleNamespace(model_runner=None, vllm_config=None)
     found = False  # exit 0 but no artifact: stays eager

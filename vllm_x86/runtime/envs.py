@@ -1,9 +1,16 @@
-"""Every VLLM_X86_* setting in one table: name, default, meaning.
+"""Every VLLM_X86_* name the plugin reads or writes, in one table: name, default, meaning.
 
 Settings are read when asked for (never cached at import), so tests and the CLI can
 change them. CLI flags take precedence over these; vLLM's own settings (VLLM_CPU_*,
 --gpu-memory-utilization, ...) given explicitly by the user always win over the
 plugin's defaults.
+
+Rows marked ``internal`` are not settings: the plugin writes them into the environment
+of its own processes (a choice the first process of a tree made, so the engine and
+worker processes it starts neither choose again nor report it as the user's), and a
+user never sets them. docs/configuration.md lists the user-facing rows; a test
+(tests/unit/test_settings_table.py) fails on a VLLM_X86_* name anywhere in the source
+tree that is not in this table, and on a user-facing row the docs do not list.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ class Setting:
     name: str
     default: str
     meaning: str
+    internal: bool = False  # written by the plugin for its own processes, never set by users
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -98,11 +106,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "VLLM_X86_ENGINE_FORK",
         "1",
-        "`vllm-x86 serve` and the standby daemon start vLLM's engine-core and worker "
-        "processes by fork, so they inherit the server's imports instead of importing "
-        "torch and vLLM again; 0: vLLM CPU's spawn. Other entry points (the LLM class, "
-        "vLLM's own server module) always spawn, as vLLM CPU does whatever "
-        "VLLM_WORKER_MULTIPROC_METHOD says.",
+        "With VLLM_X86_SERVE_DEFAULTS=1 (`vllm-x86 serve`, the standby daemon) vLLM's "
+        "engine-core and worker processes start by fork, so they inherit the server's "
+        "imports instead of importing torch and vLLM again; 0: vLLM CPU's spawn. Other "
+        "entry points (the LLM class, vLLM's own server module) always spawn, as vLLM "
+        "CPU does whatever VLLM_WORKER_MULTIPROC_METHOD says.",
     ),
     Setting(
         "VLLM_X86_KV_ZERO_PAGES",
@@ -114,10 +122,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "VLLM_X86_FRONTEND_WARMUP",
         "1",
-        "In `vllm-x86 serve` (and the daemon's servers) the OpenAI server makes its "
-        "tokenizer copies and looks up the model's processor chat template while the "
-        "engine process loads the model, instead of before starting it "
-        "(patches.py, frontend_warmup_during_engine_start); 0: vLLM's order.",
+        "With VLLM_X86_SERVE_DEFAULTS=1 (`vllm-x86 serve`, the daemon's servers) the "
+        "OpenAI server makes its tokenizer copies and looks up the model's processor chat "
+        "template while the engine process loads the model, instead of before starting "
+        "it (runtime/patches/frontend_warmup.py); 0: vLLM's order.",
     ),
     Setting(
         "VLLM_X86_SHORT_WARMUP",
@@ -131,9 +139,10 @@ SETTINGS: tuple[Setting, ...] = (
         "auto",
         "Compiled mode: when vLLM's compiled model for this configuration is not in its "
         "cache yet, the worker serves eagerly at once and compiles in a background "
-        "process (nice 19), then switches to the compiled model (staged.py). auto: for "
-        "servers started by `vllm-x86 serve` or its daemon; 1: also elsewhere (vLLM's "
-        "own server, the LLM class); 0: compile before serving, as vLLM does.",
+        "process (nice 19), then switches to the compiled model (staged.py). auto: where "
+        "VLLM_X86_SERVE_DEFAULTS=1 (servers started by `vllm-x86 serve` or its daemon); "
+        "1: also elsewhere (vLLM's own server, the LLM class); 0: compile before "
+        "serving, as vLLM does.",
     ),
     Setting(
         "VLLM_X86_ASYNC_SCHEDULING",
@@ -161,6 +170,69 @@ SETTINGS: tuple[Setting, ...] = (
         "Which build of the plugin's kernels runs: auto (the best this CPU has), "
         "avx2, avx512 or avx512_bf16. For testing and comparisons.",
     ),
+    Setting(
+        "VLLM_X86_SERVE_DEFAULTS",
+        "0",
+        "1: this process is a server whose engine starts before any other PyTorch work "
+        "runs in it, and gets the plugin's server defaults: engine-core and worker "
+        "processes forked (VLLM_X86_ENGINE_FORK), staged warm-up (VLLM_X86_STAGED_WARMUP=auto "
+        "means on) and the tokenizer work beside the engine start "
+        "(VLLM_X86_FRONTEND_WARMUP). `vllm-x86 serve` and the daemon set it to 1 for the "
+        "servers they start unless it is set; 0 there gives those servers vLLM's own "
+        "behaviour. Set it yourself only for a server that has run no PyTorch computation "
+        "before vLLM starts its engine: a forked engine would inherit an OpenMP runtime "
+        "whose threads it does not have, and hang.",
+    ),
+    Setting(
+        "VLLM_X86_SKIP_KERNELS",
+        "0",
+        "Build time: 1 makes `pip install` of the plugin build no C++ kernels (setup.py); "
+        "the plugin then runs without them (each op falls back to its PyTorch reference "
+        "and says so once).",
+    ),
+    Setting(
+        "VLLM_X86_CONFORMANCE_COMMAND",
+        "pytest tests/models/test_conformance.py",
+        "The command the conformance suite records for a run in "
+        "docs/supported_models.json when it runs under pytest.",
+    ),
+    # Internal: written by the plugin into its own processes' environment.
+    Setting(
+        "VLLM_X86_CHOSEN",
+        "",
+        "The defaults this process tree's first process chose (comma-separated: active, "
+        "threads, omp, fork, spawn), so the processes it starts neither choose nor log "
+        "them again (platform.py).",
+        internal=True,
+    ),
+    Setting(
+        "VLLM_X86_KV_BYTES_CHOSEN",
+        "",
+        "The KV-cache size in bytes the plugin chose, so a child process does not report "
+        "it as the user's --kv-cache-memory-bytes (platform.py).",
+        internal=True,
+    ),
+    Setting(
+        "VLLM_X86_OMP_CHOSEN",
+        "",
+        "The OpenMP settings the plugin added to the environment (defaults.apply_omp_env, "
+        "e.g. GOMP_SPINCOUNT=10000), so the platform's log can say the plugin chose them.",
+        internal=True,
+    ),
+    Setting(
+        "VLLM_X86_COMPILE_CACHE_CHECKED",
+        "",
+        "The compile-cache directory this process tree already checked against its "
+        "manifests (startup/compile_cache.py).",
+        internal=True,
+    ),
+    Setting(
+        "VLLM_X86_COMPILE_CACHE_CHECKED_AT",
+        "",
+        "When that check ran (time.time()): artifacts written since are this start's own "
+        "and are sealed anew (startup/compile_cache.py).",
+        internal=True,
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -178,6 +250,11 @@ def get_bool(name: str) -> bool:
 
 def disabled() -> bool:
     return get_bool("VLLM_X86_DISABLE")
+
+
+def serve_defaults() -> bool:
+    """VLLM_X86_SERVE_DEFAULTS: this process is the plugin's own server (see the table)."""
+    return get_bool("VLLM_X86_SERVE_DEFAULTS")
 
 
 def cache_dir() -> str:

@@ -9,6 +9,11 @@ worker with ``hardware.memory_info()`` as the memory source; see that function f
 when node numbers are trusted. In compiled mode it also warms a cached compiled model up
 with a short run (below) and, with nothing in the cache, serves eagerly while a
 background process compiles (staged.py). Everything else is inherited.
+
+Where this class repeats vLLM's steps or uses its private hooks (the constructor,
+``determine_available_memory``, ``_maybe_get_memory_pool_context``, the short warm-up),
+each is a record of the patch ledger (runtime/patches/ledger.py, docs/patches.md), which
+checks it against the installed vLLM.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from vllm.utils.mem_utils import format_gib
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
-from vllm_x86 import envs, hardware, staged
-from vllm_x86.log import get_logger
+from vllm_x86.runtime import envs, hardware
+from vllm_x86.runtime.log import get_logger
+from vllm_x86.runtime.startup import staged
 
 logger = get_logger("worker")
 
@@ -39,7 +45,8 @@ class X86Worker(CPUWorker):
         distributed_init_method: str,
         is_driver_worker: bool = False,
     ):
-        # Same steps as CPUWorker.__init__ (vLLM 0.32.0), with the plugin's memory source.
+        # Same steps as CPUWorker.__init__ (vLLM 0.32.0), with the plugin's memory source
+        # (ledger: x86_worker_constructor, which fails when vLLM's constructor changes).
         allowed_memory_nodes = get_visible_memory_node()
         cpu_core = get_allowed_cpu_list()[0]
         if cpu_core.numa_node in allowed_memory_nodes:
@@ -80,13 +87,13 @@ class X86Worker(CPUWorker):
         super().init_device()
 
     def load_model(self, *args, **kwargs) -> None:
-        from vllm_x86.ops import registry
+        from vllm_x86.runtime.ops import registry
 
         registry.register_layers()  # the op table's layer rows, before the model is built
         t0 = time.perf_counter()
         super().load_model(*args, **kwargs)
         # vLLM's CPU runner logs no total; this one covers reading the weights and
-        # processing them after loading (quantizing, packing). benchmarks/quant_load.py
+        # processing them after loading (quantizing, packing). vllm_x86/tools/bench/micro/quant_load.py
         # reads it.
         logger.info("model weights loaded in %.2f s", time.perf_counter() - t0)
         from vllm.config import set_current_vllm_config
@@ -106,7 +113,7 @@ class X86Worker(CPUWorker):
 
     def compile_or_warm_up_model(self, *args, **kwargs):
         out = super().compile_or_warm_up_model(*args, **kwargs)
-        from vllm_x86 import compile_cache
+        from vllm_x86.runtime.startup import compile_cache
 
         compile_cache.seal_after_warmup(self.vllm_config)  # see compile_cache.py
         return out
@@ -114,19 +121,21 @@ class X86Worker(CPUWorker):
     def _maybe_get_memory_pool_context(self, tag: str):
         # vLLM enters this context around its KV cache allocation (tag "kv_cache"):
         # the cache comes from fresh zero pages instead of a start-up memset
-        # (kv_alloc.py).
+        # (kv_alloc.py; ledger: kv_cache_pool_context).
         if tag == "kv_cache" and envs.get_bool("VLLM_X86_KV_ZERO_PAGES"):
-            from vllm_x86.kv_alloc import fresh_zero_pages
+            from vllm_x86.runtime.startup.kv_alloc import fresh_zero_pages
 
             return fresh_zero_pages()
         return super()._maybe_get_memory_pool_context(tag)
 
     def determine_available_memory(self) -> int:
+        # CPUWorker's steps with the plugin's memory source and warm-ups (ledger:
+        # x86_worker_available_memory)
         if self._should_warm_up_model():
             if cached_compiled_model(self.model_runner, self.vllm_config):
                 _short_warm_up(self.model_runner)
             else:
-                in_cache = compiled_model_in_cache(self.model_runner, self.vllm_config)
+                in_cache = staged.compiled_model_in_cache(self.model_runner, self.vllm_config)
                 if in_cache is False and staged.enabled():
                     self._staged = staged.StagedCompile.start(self)
                 if self._staged is None:
@@ -203,7 +212,7 @@ def _pin_forked_threads() -> None:
             "(GOMP_CPU_AFFINITY, OMP_PLACES); threads left as they are"
         )
         return
-    from vllm_x86.ops import kernels
+    from vllm_x86.runtime.ops import kernels
 
     if not kernels.available():
         logger.warning(
@@ -214,7 +223,7 @@ def _pin_forked_threads() -> None:
             cpus,
         )
         return
-    import vllm_x86._C as C
+    import vllm_x86.runtime._C as C
 
     got = C.bind_threads(cpus)
     logger.info("vllm-x86: forked worker: OpenMP threads pinned to CPUs %s", got)
@@ -228,58 +237,8 @@ def cached_compiled_model(runner, vllm_config) -> bool:
     """True when the short warm-up applies: VLLM_X86_SHORT_WARMUP is on and vLLM will
     load this model's compiled form from its cache (``compiled_model_in_cache``)."""
     return envs.get_bool("VLLM_X86_SHORT_WARMUP") and bool(
-        compiled_model_in_cache(runner, vllm_config)
+        staged.compiled_model_in_cache(runner, vllm_config)
     )
-
-
-def compiled_model_in_cache(runner, vllm_config) -> bool | None:
-    """Whether every module vLLM compiles in this model has its AOT artifact at the
-    path vLLM will load it from (vllm/compilation/decorators.py, the ``__call__`` of
-    ``support_torch_compile``: VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/
-    <sha256 of aot_compile_hash_factors + _model_hash_key(forward)>/rank_<r>_<dp>/model),
-    computed with vLLM's own functions. None where the question does not apply or
-    cannot be answered (eager, no AOT mode, cache disabled, a multimodal model or
-    pipeline stages, whose warm-up does more; no compiled module; a vLLM that hashes
-    otherwise): vLLM's full warm-up then."""
-    import hashlib
-    from pathlib import Path
-
-    from vllm import envs as vllm_envs
-    from vllm.config import CompilationMode
-
-    try:
-        if vllm_config.compilation_config.mode == CompilationMode.NONE:
-            return None
-        if not vllm_envs.VLLM_USE_AOT_COMPILE or vllm_envs.VLLM_DISABLE_COMPILE_CACHE:
-            return None
-        # vLLM's profile run also warms a multimodal encoder and pipeline stages
-        if runner.supports_mm_inputs or vllm_config.parallel_config.pipeline_parallel_size > 1:
-            return None
-        from vllm.compilation.caching import aot_compile_hash_factors
-        from vllm.compilation.decorators import _model_hash_key
-
-        compiled = staged.compiled_modules(runner.model)
-        if not compiled:
-            return None
-        pc = vllm_config.parallel_config
-        for m in compiled:
-            factors = aot_compile_hash_factors(vllm_config)
-            factors.append(_model_hash_key(m.forward))
-            digest = hashlib.sha256(str(factors).encode()).hexdigest()
-            path = (
-                Path(vllm_envs.VLLM_CACHE_ROOT)
-                / "torch_compile_cache"
-                / "torch_aot_compile"
-                / digest
-                / f"rank_{pc.rank}_{pc.data_parallel_index}"
-                / "model"
-            )
-            if not path.is_file():
-                return False
-        return True
-    except Exception as e:  # vLLM's full warm-up, as without the plugin
-        logger.info("vllm-x86: full warm-up (could not look for a cached model: %s)", e)
-        return None
 
 
 def _short_warm_up(runner) -> None:
@@ -290,7 +249,8 @@ def _short_warm_up(runner) -> None:
     there is nothing to compile, and a short run does the same job: the load, the
     first call of every compiled kernel, the sampler. Same settings context as vLLM's.
     (If vLLM recompiles after all, e.g. a changed source file, it compiles from this
-    run's shapes: the graph is dynamic in the token count either way.)"""
+    run's shapes: the graph is dynamic in the token count either way.) vLLM's private
+    dummy runs: ledger record short_warm_up."""
     from vllm.v1.worker.cpu_model_runner import _set_global_compilation_settings
 
     n = min(SHORT_WARMUP_TOKENS, runner.max_num_tokens)

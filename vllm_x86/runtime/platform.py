@@ -26,15 +26,15 @@ import os
 
 from vllm.platforms.cpu import CpuPlatform
 
-from vllm_x86 import defaults, envs, hardware
-from vllm_x86.defaults import choose_kv_cache_bytes, choose_threads
-from vllm_x86.hardware import GiB
-from vllm_x86.log import get_logger
+from vllm_x86.runtime import defaults, envs, hardware
+from vllm_x86.runtime.defaults import choose_kv_cache_bytes, choose_threads
+from vllm_x86.runtime.hardware import GiB
+from vllm_x86.runtime.log import get_logger
 
 logger = get_logger("platform")
 
 STOCK_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
-X86_WORKER = "vllm_x86.worker.X86Worker"
+X86_WORKER = "vllm_x86.runtime.worker.X86Worker"
 # vLLM's CacheConfig default; another value means the user asked for a fraction.
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 
@@ -122,6 +122,10 @@ def mla_attention_backend(vllm_config) -> str | None:
 class X86Platform(CpuPlatform):
     """vLLM's CPU platform plus the plugin's defaults; see the module docstring."""
 
+    # Read by the op table (ops/registry.py), which must not import this module: the
+    # platform installs the table, not the other way round.
+    is_vllm_x86 = True
+
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
         return "cpu"
@@ -138,14 +142,14 @@ class X86Platform(CpuPlatform):
     @classmethod
     def pre_register_and_update(cls, parser=None) -> None:
         # before vLLM parses --quantization: x86_int8 and x86_int4 must be known
-        from vllm_x86 import quant
+        from vllm_x86.runtime import quant
 
         quant.register()
 
     @classmethod
     def import_ir_kernels(cls) -> None:
         super().import_ir_kernels()
-        from vllm_x86.ops import registry
+        from vllm_x86.runtime.ops import registry
 
         registry.ir_providers()  # registers the plugin's `x86` IR implementations
 
@@ -158,7 +162,7 @@ class X86Platform(CpuPlatform):
         from vllm.config import CompilationMode
         from vllm.config.kernel import IrOpPriorityConfig
 
-        from vllm_x86.ops import registry
+        from vllm_x86.runtime.ops import registry
 
         cc = vllm_config.compilation_config
         inductor = cc.mode not in (None, CompilationMode.NONE) and cc.backend == "inductor"
@@ -169,7 +173,8 @@ class X86Platform(CpuPlatform):
 
     @classmethod
     def validate_environ(cls, hard_fail: bool) -> None:
-        # The plugin's own VLLM_X86_* settings are not vLLM's; hide them from the check.
+        # The plugin's own VLLM_X86_* settings are not vLLM's; hide them from the check
+        # (ledger: validate_environ_hides_plugin_settings).
         hidden = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("VLLM_X86_")}
         try:
             super().validate_environ(hard_fail)
@@ -198,7 +203,7 @@ class X86Platform(CpuPlatform):
     @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
         if "active" not in os.environ.get(CHOSEN_ENV, "").split(","):
-            from vllm_x86 import __version__
+            from vllm_x86._version import __version__
 
             _mark_chosen("active")
             _info_once(
@@ -216,8 +221,9 @@ class X86Platform(CpuPlatform):
         async_sched = vllm_config.scheduler_config.async_scheduling
         super().check_and_update_config(vllm_config)  # sets vLLM CPU's "spawn"
         cls._apply_async_scheduling(vllm_config, async_sched)
+        cls._warn_without_compiler(vllm_config)
         cls._apply_engine_start()
-        from vllm_x86 import compile_cache
+        from vllm_x86.runtime.startup import compile_cache
 
         compile_cache.apply(vllm_config)
         parallel = vllm_config.parallel_config
@@ -225,9 +231,27 @@ class X86Platform(CpuPlatform):
             parallel.worker_cls = X86_WORKER
         # The op table is installed in every process that builds a model; the general
         # plugin hook does it there. Importing it here also covers in-process engines.
-        from vllm_x86.ops import registry
+        from vllm_x86.runtime.ops import registry
 
         registry.register_all()
+
+    @classmethod
+    def _warn_without_compiler(cls, vllm_config) -> None:
+        """Compiled mode with Inductor on a machine without a C++ compiler fails at the
+        first request (Inductor compiles C++ while serving). `vllm-x86 serve` chooses
+        eager mode itself there (tools/cli/common.py); vLLM's own entry points get this
+        warning before they start."""
+        from vllm.config import CompilationMode
+
+        cc = vllm_config.compilation_config
+        if cc.mode == CompilationMode.NONE or cc.backend != "inductor":
+            return
+        if hardware.cxx_compiler() is None:
+            logger.warning(
+                "vllm-x86: no C++ compiler found ($CXX, g++, c++ or clang++ on PATH): "
+                "vLLM's compiled mode will fail at the first request; use --enforce-eager "
+                "(or `vllm-x86 serve`, which does) or install g++"
+            )
 
     @classmethod
     def _apply_mla_backend(cls, vllm_config) -> None:
@@ -253,7 +277,8 @@ class X86Platform(CpuPlatform):
         instead (docs/startup.md: the cold start halves). A fork is only safe while the
         parent has never run an OpenMP parallel region (the child would deadlock), which
         the plugin can vouch for only in its own server: `vllm-x86 serve` and the standby
-        daemon (VLLM_X86_CLI=serve), where no user code runs before the engine starts.
+        daemon, which set VLLM_X86_SERVE_DEFAULTS=1, where no user code runs before the
+        engine starts.
         The LLM class and other entry points keep vLLM's spawn. (vLLM CPU sets spawn
         whatever VLLM_WORKER_MULTIPROC_METHOD says, and vLLM's server sets it when unset,
         so the plugin's own setting, VLLM_X86_ENGINE_FORK, is the one that decides.)
@@ -262,12 +287,15 @@ class X86Platform(CpuPlatform):
         as the standby daemon does after its imports): the forked processes inherit
         the objects of every import, and each full collection there (vLLM's model
         loader runs two) would walk all of them again, about 0.4 s each on the
-        development VM; frozen, a collection walks only what was made since."""
+        development VM; frozen, a collection walks only what was made since.
+
+        Setting fork after vLLM CPU set spawn is a ledger record
+        (engine_processes_forked)."""
         chosen = os.environ.get(CHOSEN_ENV, "").split(",")
         if "fork" in chosen:  # chosen by the process that started this one
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
             return
-        if "spawn" in chosen or os.environ.get("VLLM_X86_CLI") != "serve":
+        if "spawn" in chosen or not envs.serve_defaults():
             return
         if not envs.get_bool("VLLM_X86_ENGINE_FORK"):
             _mark_chosen("spawn")

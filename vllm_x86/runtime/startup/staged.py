@@ -3,7 +3,8 @@
 In compiled mode vLLM compiles the model before the server answers anything: on a CPU
 with an empty compile cache that is most of a minute or more (73 s for the Qwen3-0.6B
 shape on the development VM). With staged warm-up (``VLLM_X86_STAGED_WARMUP``: on by
-default for servers started by ``vllm-x86 serve`` or its daemon, ``1`` anywhere), when
+default for servers started by ``vllm-x86 serve`` or its daemon, which set
+``VLLM_X86_SERVE_DEFAULTS=1``; ``1`` anywhere), when
 the worker finds no compiled model for its settings in vLLM's cache:
 
 1. It forks a compile process from itself once the model is loaded (before the KV cache
@@ -30,6 +31,10 @@ greedy text can part from the compiled model's where bf16 rounding makes a near 
 (docs/correctness.md): a request running during the switch may see both. Models
 with more than one compiled module, and runs with more than one worker (tensor,
 pipeline or data parallel), compile before serving, as in vLLM.
+
+What this relies on in vLLM (``do_not_compile``, ``save_aot_compiled_function``, the AOT
+cache path and its private hash functions, the private dummy run) is in the patch
+ledger, records staged_compile and compiled_model_cache_path (runtime/patches/ledger.py).
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ import sys
 import time
 import traceback
 
-from vllm_x86 import childproc, envs
-from vllm_x86.log import get_logger
+from vllm_x86.runtime import envs
+from vllm_x86.runtime.log import get_logger
+from vllm_x86.runtime.startup import childproc
 
 logger = get_logger("staged")
 
@@ -135,7 +141,6 @@ class StagedCompile:
                 secs,
             )
             return
-        from vllm_x86.worker import compiled_model_in_cache
 
         for m in self.modules:  # vLLM compiles (here: loads) them from now on
             m.do_not_compile = False
@@ -157,6 +162,56 @@ class StagedCompile:
 
 class _Saved(Exception):
     """Raised in the compile process once vLLM has saved the compiled model."""
+
+
+def compiled_model_in_cache(runner, vllm_config) -> bool | None:
+    """Whether every module vLLM compiles in this model has its AOT artifact at the
+    path vLLM will load it from (vllm/compilation/decorators.py, the ``__call__`` of
+    ``support_torch_compile``: VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/
+    <sha256 of aot_compile_hash_factors + _model_hash_key(forward)>/rank_<r>_<dp>/model),
+    computed with vLLM's own functions. None where the question does not apply or
+    cannot be answered (eager, no AOT mode, cache disabled, a multimodal model or
+    pipeline stages, whose warm-up does more; no compiled module; a vLLM that hashes
+    otherwise): vLLM's full warm-up then."""
+    import hashlib
+    from pathlib import Path
+
+    from vllm import envs as vllm_envs
+    from vllm.config import CompilationMode
+
+    try:
+        if vllm_config.compilation_config.mode == CompilationMode.NONE:
+            return None
+        if not vllm_envs.VLLM_USE_AOT_COMPILE or vllm_envs.VLLM_DISABLE_COMPILE_CACHE:
+            return None
+        # vLLM's profile run also warms a multimodal encoder and pipeline stages
+        if runner.supports_mm_inputs or vllm_config.parallel_config.pipeline_parallel_size > 1:
+            return None
+        from vllm.compilation.caching import aot_compile_hash_factors
+        from vllm.compilation.decorators import _model_hash_key
+
+        compiled = compiled_modules(runner.model)
+        if not compiled:
+            return None
+        pc = vllm_config.parallel_config
+        for m in compiled:
+            factors = aot_compile_hash_factors(vllm_config)
+            factors.append(_model_hash_key(m.forward))
+            digest = hashlib.sha256(str(factors).encode()).hexdigest()
+            path = (
+                Path(vllm_envs.VLLM_CACHE_ROOT)
+                / "torch_compile_cache"
+                / "torch_aot_compile"
+                / digest
+                / f"rank_{pc.rank}_{pc.data_parallel_index}"
+                / "model"
+            )
+            if not path.is_file():
+                return False
+        return True
+    except Exception as e:  # vLLM's full warm-up, as without the plugin
+        logger.info("vllm-x86: full warm-up (could not look for a cached model: %s)", e)
+        return None
 
 
 def _compile_child(worker) -> None:
@@ -191,7 +246,7 @@ def _compile_child(worker) -> None:
             pass
         else:
             raise RuntimeError("vLLM ran the model without compiling and saving it")
-        from vllm_x86 import compile_cache
+        from vllm_x86.runtime.startup import compile_cache
 
         compile_cache.seal_after_warmup(runner.vllm_config)
         logger.info(
@@ -207,9 +262,10 @@ def _compile_child(worker) -> None:
 
 
 def enabled() -> bool:
-    """VLLM_X86_STAGED_WARMUP: auto means servers started by `vllm-x86 serve` (or its
-    daemon), where time to the first answer is what a user waits for; an offline run
-    of the LLM class would spend its short life eager beside a compile it never uses."""
+    """VLLM_X86_STAGED_WARMUP: auto means the plugin's own servers
+    (VLLM_X86_SERVE_DEFAULTS, set by `vllm-x86 serve` and its daemon), where time to the
+    first answer is what a user waits for; an offline run of the LLM class would spend
+    its short life eager beside a compile it never uses."""
     if envs.get("VLLM_X86_STAGED_WARMUP").strip().lower() == "auto":
-        return os.environ.get("VLLM_X86_CLI") == "serve"
+        return envs.serve_defaults()
     return envs.get_bool("VLLM_X86_STAGED_WARMUP")

@@ -4,7 +4,7 @@ vLLM allocates the whole KV cache as one ``torch.zeros`` buffer
 (``vllm/v1/worker/utils.py``, ``allocate_kv_cache``). On a CPU that is a memset of the
 full cache at start-up, paid before the server answers: every page is faulted in and
 written, 0.7-0.8 s for the plugin's default 1 GiB on the 2-core development machine
-(``benchmarks/kv_alloc.py`` measures it against this module's allocation, side by side).
+(``vllm_x86/tools/bench/micro/kv_alloc.py`` measures it against this module's allocation, side by side).
 
 An anonymous private memory mapping is zero by definition (the kernel hands out zeroed
 pages, POSIX ``MAP_ANONYMOUS``), so the same zero buffer can come from ``mmap`` without
@@ -18,7 +18,9 @@ point that the memory is available (``determine_available_memory``), as it does 
 CPU ``torch.zeros`` calls this way and passes every other call through unchanged. The
 worker enters it around vLLM's KV cache allocation only, through the hook vLLM gives
 for exactly that (``Worker._maybe_get_memory_pool_context(tag="kv_cache")``).
-``VLLM_X86_KV_ZERO_PAGES=0`` turns it off (vLLM's ``torch.zeros``).
+``VLLM_X86_KV_ZERO_PAGES=0`` turns it off (vLLM's ``torch.zeros``). The function mode and
+the hook are records of the patch ledger (kv_cache_fresh_zero_pages,
+kv_cache_pool_context; runtime/patches/ledger.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import mmap
 import torch
 from torch.overrides import TorchFunctionMode
 
-from vllm_x86.log import get_logger
+from vllm_x86.runtime.log import get_logger
 
 logger = get_logger("kv_alloc")
 

