@@ -10,11 +10,11 @@ import subprocess
 
 import pytest
 
-from tests.conftest import PYTHON, ROOT, clean_env
-from vllm_x86.bench import contenders as C
-from vllm_x86.bench import report
-from vllm_x86.bench.contenders import BenchError
-from vllm_x86.bench.workload import Workload, figures
+from tests.conftest import PYTHON, clean_env
+from vllm_x86.tools.bench import contenders as C
+from vllm_x86.tools.bench import report
+from vllm_x86.tools.bench.contenders import BenchError
+from vllm_x86.tools.bench.workload import Workload, figures
 
 # ----------------------------------------------------------------------------- contenders
 
@@ -71,12 +71,12 @@ def test_contender_env_is_clean_plus_the_contenders_own():
 
 
 def test_server_commands_differ_only_in_entry_point():
-    from vllm_x86.bench.server import server_command
+    from vllm_x86.tools.bench.server import server_command
 
     plugin = server_command(C.CONTENDERS["plugin"], "/m", 8001, "bfloat16", "eager", 2048)
     stock = server_command(C.CONTENDERS["stock"], "/m", 8001, "bfloat16", "eager", 2048)
     # the plugin never hands a benchmark run over to a standby daemon
-    assert plugin[1:6] == ["-m", "vllm_x86.cli", "serve", "/m", "--no-daemon"]
+    assert plugin[1:6] == ["-m", "vllm_x86.tools.cli", "serve", "/m", "--no-daemon"]
     assert stock[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
     assert plugin[6:] == stock[5:]
     assert "--enforce-eager" in plugin
@@ -90,7 +90,7 @@ def test_server_commands_differ_only_in_entry_point():
 
 
 def test_prompts_are_fixed_token_ids_of_the_right_length(default_model):
-    from vllm_x86.bench.workload import PromptSet
+    from vllm_x86.tools.bench.workload import PromptSet
 
     w = Workload(concurrency=(1, 8, 32), prompt_tokens=512, ttft_samples=3)
     p = PromptSet(default_model, w)
@@ -112,7 +112,7 @@ def _fake_safetensors(path, tensors: dict[str, list[int]]) -> None:
 
 
 def test_roofline_counts_the_lm_head_and_not_the_embedding_lookup(tmp_path):
-    from vllm_x86.bench.roofline import hf_weight_bytes_per_token, roofline_tok_s
+    from vllm_x86.tools.bench.roofline import hf_weight_bytes_per_token, roofline_tok_s
 
     tied = tmp_path / "tied"
     tied.mkdir()
@@ -148,7 +148,7 @@ def test_roofline_counts_the_lm_head_and_not_the_embedding_lookup(tmp_path):
 
 
 def test_bandwidth_probe_reports_both_thread_counts():
-    from vllm_x86.bench.bandwidth import probe
+    from vllm_x86.tools.bench.bandwidth import probe
 
     r = probe(size_mib=32, repeats=2)
     assert r["gb_s_1_thread"] > 0 and r["gb_s_all_threads"] > 0
@@ -163,7 +163,7 @@ def test_bandwidth_probe_reports_both_thread_counts():
 def tiny_model(default_model, tmp_path, monkeypatch):
     """The tiny-llama shape built into a temporary cache (its tokenizer: the default
     model's, taken from the real cache)."""
-    from vllm_x86.bench import synthetic
+    from vllm_x86.tools.bench import synthetic
 
     monkeypatch.setenv("VLLM_X86_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(
@@ -179,7 +179,7 @@ def tiny_model(default_model, tmp_path, monkeypatch):
 
 
 def test_synthetic_model_has_the_shape_asked_for(tiny_model):
-    from vllm_x86.bench.synthetic import SHAPES, build
+    from vllm_x86.tools.bench.synthetic import SHAPES, build
 
     cfg = json.loads((tiny_model / "config.json").read_text())
     want = SHAPES["tiny-llama"].config
@@ -193,7 +193,7 @@ def test_synthetic_model_has_the_shape_asked_for(tiny_model):
 
 
 def test_real_shapes_are_the_published_ones():
-    from vllm_x86.bench.synthetic import SHAPES
+    from vllm_x86.tools.bench.synthetic import SHAPES
 
     q = SHAPES["qwen3-0.6b"].config
     assert (q["hidden_size"], q["num_hidden_layers"], q["num_attention_heads"]) == (1024, 28, 16)
@@ -204,14 +204,14 @@ def test_real_shapes_are_the_published_ones():
 
 
 def test_unknown_shape_is_a_clear_error():
-    from vllm_x86.bench.synthetic import build
+    from vllm_x86.tools.bench.synthetic import build
 
     with pytest.raises(BenchError, match="unknown synthetic shape 'gpt-9'. Known: qwen3-0.6b"):
         build("gpt-9")
 
 
 def test_tokenizer_without_npm_says_what_to_do(tmp_path, monkeypatch):
-    from vllm_x86.bench import synthetic
+    from vllm_x86.tools.bench import synthetic
 
     monkeypatch.setenv("VLLM_X86_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(synthetic.shutil, "which", lambda name: None)
@@ -226,7 +226,7 @@ def test_tokenizer_without_npm_says_what_to_do(tmp_path, monkeypatch):
 def test_permute_qk_matches_llama_cpp_layout():
     import numpy as np
 
-    from vllm_x86.bench.gguf_export import permute_qk
+    from vllm_x86.tools.bench.gguf_export import permute_qk
 
     # one head of 4 rows: HF keeps the two rotary halves apart ([0, 1 | 2, 3]),
     # llama.cpp interleaves them ([0, 2, 1, 3])
@@ -239,8 +239,8 @@ def test_permute_qk_matches_llama_cpp_layout():
 def test_gguf_export_of_tiny_model(tiny_model, tmp_path):
     import gguf
 
-    from vllm_x86.bench.gguf_export import export
-    from vllm_x86.bench.roofline import gguf_weight_bytes_per_token, hf_weight_bytes_per_token
+    from vllm_x86.tools.bench.gguf_export import export
+    from vllm_x86.tools.bench.roofline import gguf_weight_bytes_per_token, hf_weight_bytes_per_token
 
     out = export(tiny_model, tmp_path / "tiny.gguf", "bfloat16")
     r = gguf.GGUFReader(str(out))
@@ -267,7 +267,7 @@ def test_llama_cpp_on_the_exported_gguf_gives_transformers_greedy_tokens(tiny_mo
     from llama_cpp import Llama
     from transformers import AutoModelForCausalLM
 
-    from vllm_x86.bench.gguf_export import export
+    from vllm_x86.tools.bench.gguf_export import export
 
     ids = [1, 9690, 198, 2683, 359, 253, 5356, 5646]
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
@@ -391,7 +391,7 @@ def test_runs_beside_other_work_are_flagged():
 
 
 def test_other_cpu_is_measured():
-    from vllm_x86.bench.proctree import other_cpu_pct
+    from vllm_x86.tools.bench.proctree import other_cpu_pct
 
     # /proc/stat counts in 10 ms ticks: allow for rounding above the machine's 100 % per CPU
     cpus = len(__import__("os").sched_getaffinity(0))
@@ -407,12 +407,92 @@ def test_chart_is_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _with_raw_samples(res: dict) -> dict:
+    """_results() as the harness writes it: each run with its raw samples, command and log,
+    the prompts' token ids, the bandwidth probes' single readings."""
+    for run in res["runs"]:
+        request = {"t_send": 0.1, "t_last": 9.9, "tokens": 128}
+        run["raw"] = {"decode_32": {"requests": [request] * 32}}
+        run["command"] = ["python", "-m", run["contender"], "--port", "8000"]
+        run["log"] = f"out/bench/x/logs/r{run['round']}-{run['contender']}.log"
+        run["metrics"]["memory_samples"] = 500
+    res["prompts"] = {"decode": [[1, 2, 3] * 10] * 32, "ttft": [list(range(512))] * 3}
+    for probe in res["bandwidth"]["probes"]:
+        probe["by_threads"] = {"1": {"gb_s": 10.0, "samples_gb_s": {"sum": [9.0, 10.0] * 5}}}
+    res["runs"][0]["metrics"]["text"] = "The capital" + " of France" * 30
+    return res
+
+
+def test_summary_keeps_the_report_and_drops_the_raw_samples(tmp_path):
+    res = _with_raw_samples(_results())
+    report.add_roofline(res)
+    report.summarize(res)
+    s = report.summary(res, raw="out/bench/x/results.json")
+    # the same table, from the summary alone
+    assert report.render_markdown(s) == report.render_markdown(res)
+    assert s["kind"] == report.SUMMARY_KIND and s["raw"] == "out/bench/x/results.json"
+    assert "prompts" not in s
+    for run in s["runs"]:
+        assert set(run) == {"round", "contender", "metrics"}
+        assert "text" not in run["metrics"] and "memory_samples" not in run["metrics"]
+    assert s["runs"][4]["metrics"]["decode_1_tok_s"] == res["runs"][4]["metrics"]["decode_1_tok_s"]
+    assert s["bandwidth"]["probes"][1] == {
+        "gb_s_1_thread": 10.0, "gb_s_all_threads": 25.0, "buffer_bytes": 1 << 30,
+        "repeats": 5, "all_threads": 2,
+    }  # fmt: skip
+    stats = {"median": 14.0, "min": 13.0, "max": 15.0, "n": 3}
+    assert s["summary"]["plugin"]["decode_1_tok_s"] == stats
+    assert "per_round" not in s["ratios"]["plugin/stock"]["decode_1_tok_s"]
+    assert len(s["greedy_text"]["by_contender"]["stock"][0]) == report.TEXT_CHARS
+    # written and read back: the same summary, a fraction of the size; idempotent
+    path = report.write_summary(s, tmp_path / "docs" / "s.json")
+    back = json.loads(path.read_text())
+    assert back == json.loads(json.dumps(s)) and report.summary(back) == back
+    assert path.stat().st_size * 4 < len(json.dumps(res))
+
+
+def test_summary_of_a_run_that_stopped_early():
+    res = _results(rounds=1)  # no summary, ratios or roofline yet
+    s = report.summary(res)
+    assert s["summary"]["plugin"]["decode_1_tok_s"]["median"] == 13.0
+    assert "roofline_tok_s_all_threads" in s["roofline"]["weights"]["plugin"]
+    assert "summary" not in res  # the results are left as they are
+
+
+def test_the_chart_is_drawn_from_the_summary(tmp_path):
+    pytest.importorskip("matplotlib")
+    s = report.summary(_with_raw_samples(_results()))
+    assert report.plot(s, tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_command_prints_the_table_and_writes_the_summary(tmp_path, capsys):
+    res = _with_raw_samples(_results())
+    report.add_roofline(res)
+    report.summarize(res)
+    raw = tmp_path / "results.json"
+    raw.write_text(json.dumps(res))
+    out = tmp_path / "docs" / "r.json"
+    assert report.main([str(raw), "--summary", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed == report.render_markdown(res)
+    s = json.loads(out.read_text())
+    assert s["raw"] == str(raw) and "prompts" not in s
+    # from the summary: the same table, and its raw path kept
+    assert report.main([str(out)]) == 0
+    assert capsys.readouterr().out == printed
+    (tmp_path / "q.json").write_text(json.dumps({"bf16": {"ppl": 1.0}}))
+    assert report.main([str(tmp_path / "q.json")]) == 1
+    assert "is not the results of `vllm-x86 bench`" in capsys.readouterr().err
+    assert report.main([str(tmp_path / "none.json")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
 def _bench(*args: str, **env) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PYTHON, "-m", "vllm_x86.cli", "bench", *args],
+        [PYTHON, "-m", "vllm_x86.tools.cli", "bench", *args],
         env=clean_env(**env),
         capture_output=True,
         text=True,
@@ -427,14 +507,17 @@ def test_bench_help():
         assert flag in p.stdout
 
 
-def test_bench_script_help():
+@pytest.mark.parametrize("script", ["ops", "quant_gemm", "quant_load", "kv_alloc", "short_warmup"])
+def test_micro_benchmark_help(script):
+    """The micro-benchmarks live in the package (vllm_x86/tools/bench/micro/), runnable
+    with -m from any directory."""
     p = subprocess.run(
-        [PYTHON, str(ROOT / "benchmarks" / "side_by_side.py"), "--help"],
+        [PYTHON, "-m", f"vllm_x86.tools.bench.micro.{script}", "--help"],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert p.returncode == 0 and "--contenders" in p.stdout
+    assert p.returncode == 0 and "usage:" in p.stdout, p.stderr[-2000:]
 
 
 @pytest.mark.parametrize(
@@ -445,6 +528,7 @@ def test_bench_script_help():
         (["--model", "random:gpt-9", "--contenders", "stock"], "unknown synthetic shape 'gpt-9'"),
         (["--contenders", "stock", "--gguf", "/no/such.gguf"], "GGUF file '/no/such.gguf' does not exist"),
         (["--prompt-tokens", "2000", "--contenders", "stock"], "exceeds --max-model-len"),
+        (["--summary", "docs/bench/x.md", "--contenders", "stock"], "give a .json file name"),
     ],
 )  # fmt: skip
 def test_bench_bad_input_fails_clearly(args, message):
@@ -455,7 +539,7 @@ def test_bench_bad_input_fails_clearly(args, message):
 
 
 def test_bench_llamacpp_missing_fails_clearly(monkeypatch, capsys):
-    from vllm_x86 import cli
+    from vllm_x86.tools.cli import main as cli
 
     monkeypatch.setattr(C, "llamacpp_available", lambda: False)
     assert cli.main(["bench", "--contenders", "stock,llamacpp"]) == 1

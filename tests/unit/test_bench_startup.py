@@ -7,7 +7,7 @@ import subprocess
 import time
 
 from tests.conftest import PYTHON, clean_env
-from vllm_x86.bench import startup
+from vllm_x86.tools.bench import startup
 
 
 def test_phases_are_consecutive_and_skip_missing_lines():
@@ -43,6 +43,21 @@ def test_report_has_every_start_the_ratio_and_the_text_check():
     assert "TEXTS DIFFER" in startup.report(res)
 
 
+def test_summary_has_the_medians_and_every_start_without_commands():
+    res = {"model": "m", "dtype": "bfloat16", "mode": "eager", "max_model_len": 512,
+           "rounds": 2, "runs": [_run("stock", 20.0), _run("daemon", 3.0),
+                                 _run("stock", 22.0), _run("daemon", 4.0)]}  # fmt: skip
+    for r in res["runs"]:
+        r.update(command=["python", "-m", "vllm_x86.tools.cli", "serve"], markers_s={"args": 1.0})
+    s = startup.summary(res)
+    assert s["kind"] == startup.SUMMARY_KIND and s["model"] == "m"
+    assert s["medians"]["stock"]["startup_s"] == 21.0 and s["medians"]["daemon"]["startup_s"] == 3.5
+    assert s["medians"]["daemon"]["phases"]["args"] == 1.75
+    assert [r["startup_s"] for r in s["runs"]] == [20.0, 3.0, 22.0, 4.0]
+    assert not any("command" in r or "markers_s" in r for r in s["runs"])
+    assert startup.report(s) == startup.report(res)
+
+
 def test_log_watch_times_markers(tmp_path):
     log = tmp_path / "x.log"
     w = startup.LogWatch(log, time.perf_counter())
@@ -59,13 +74,18 @@ def test_log_watch_times_markers(tmp_path):
 
 def test_cli_refuses_bad_starts():
     r = subprocess.run(
-        [PYTHON, "-m", "vllm_x86.cli", "bench", "startup", "--starts", "stock,warp"],
+        [PYTHON, "-m", "vllm_x86.tools.cli", "bench", "startup", "--starts", "stock,warp"],
         env=clean_env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 1 and "unknown start(s) ['warp']" in r.stderr
     for kind in ("warm-cache", "cold-compile"):
         r = subprocess.run(
-            [PYTHON, "-m", "vllm_x86.cli", "bench", "startup", "--starts", kind],
+            [PYTHON, "-m", "vllm_x86.tools.cli", "bench", "startup", "--starts", kind],
             env=clean_env(), capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert r.returncode == 1 and f"{kind} is about compiling: use --mode compiled" in r.stderr
+    r = subprocess.run(
+        [PYTHON, "-m", "vllm_x86.tools.cli", "bench", "startup", "--summary", "docs/bench/x.md"],
+        env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 1 and "--summary docs/bench/x.md: give a .json file name" in r.stderr

@@ -1,7 +1,12 @@
 """From raw runs to the report: medians, ranges, per-round ratios, table, chart.
 
 Pure functions of the results dictionary the harness writes as JSON, so a report can
-be rendered again from a saved JSON file (``render_markdown(json.load(f))``).
+be rendered again from a saved JSON file (``render_markdown(json.load(f))``), and of the
+summary (``summary(results)``): the same figures without the raw samples, small enough to
+keep next to the docs that cite it (docs/bench/). Both render the same table and chart:
+
+    python -m vllm_x86.tools.bench.report out/bench/RUN/results.json            # the table
+    python -m vllm_x86.tools.bench.report RUN/results.json --summary docs/bench/NAME.json
 
 Ratios are taken round by round (contender X's value in round r ÷ the baseline's value
 in round r), and the median and range of those ratios are reported: the two runs of a
@@ -10,15 +15,24 @@ round are neighbours in time, so noise that drifts over the run cancels in their
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
+import sys
 from pathlib import Path
 
-from vllm_x86.bench.roofline import roofline_tok_s
-from vllm_x86.bench.workload import Workload, figures
+from vllm_x86.tools.bench.roofline import roofline_tok_s
+from vllm_x86.tools.bench.workload import Workload, figures
 
 MB = 1e6
 # A run during which other processes used this share of one CPU or more is flagged.
 NOISY_PCT = 10
+SUMMARY_KIND = "vllm-x86 bench summary"
+# Characters of each greedy text a summary keeps (the report shows 60).
+TEXT_CHARS = 100
+# A run's figures a summary keeps beside the report's (figures()): the other work beside
+# the run, and the CPU time its process tree used.
+SUMMARY_METRICS = ("other_cpu_pct", "other_cpu_pct_before", "tree_cpu_s", "not_applicable")
 
 
 def stats(values: list[float]) -> dict:
@@ -127,6 +141,99 @@ def _common_prefix(a: str, b: str | None) -> int:
             break
         n += 1
     return n
+
+
+def summary(results: dict, raw: str | dict | None = None) -> dict:
+    """The results without the raw samples: what the report's tables and chart are made
+    from (``render_markdown`` and ``plot`` take it as they take the results, and give the
+    same table), with the machine, the settings, the command and the dates: 5-40 kB where
+    the full results take 0.2-1.2 MB.
+
+    Kept: every figure's median, min, max and n per contender and per ratio to the
+    baseline, each run's figures (SUMMARY_METRICS: round by round, with the other work
+    beside it), the bandwidth probes' best readings, the roofline, the contenders, the
+    greedy-text checks. Dropped: each run's raw samples (every request's send /
+    first-token / last-token times), its command line, log path and monitoring counts,
+    the prompts' token ids, the bandwidth probes' single readings; greedy texts are cut to
+    TEXT_CHARS characters. ``raw`` says where the full results are (their path, or
+    {"commit", "path"} for results kept in git history). The summary of a summary is
+    itself.
+    """
+    if results.get("kind") == SUMMARY_KIND:
+        return results if raw is None else {**results, "raw": raw}
+    if "summary" not in results:  # a run that stopped early: summarize what it measured
+        results = json.loads(json.dumps(results))
+        add_roofline(results)
+        summarize(results)
+    w = Workload(
+        **{**results["workload"], "concurrency": tuple(results["workload"]["concurrency"])}
+    )
+    keep = {f.key for f in figures(w)} | set(SUMMARY_METRICS)
+    runs = [
+        {"round": r["round"], "contender": r["contender"],
+         "metrics": {k: v for k, v in r["metrics"].items() if k in keep}}
+        for r in results["runs"]
+    ]  # fmt: skip
+    probes = [
+        {k: v for k, v in p.items() if k != "by_threads"}
+        for p in results.get("bandwidth", {}).get("probes", [])
+    ]
+    g = results.get("greedy_text", {})
+    return {
+        "kind": SUMMARY_KIND,
+        "schema": 1,
+        "raw": raw,
+        **{
+            k: results[k]
+            for k in ("command", "started", "finished", "machine", "settings", "workload")
+            if k in results
+        },
+        "contenders": results["contenders"],
+        "baseline": results["baseline"],
+        "bandwidth": {"probes": probes},
+        "roofline": results.get("roofline", {}),
+        "summary": _stats_only(results["summary"]),
+        "ratios": _stats_only(results["ratios"]),
+        "greedy_text": {
+            **g,
+            "by_contender": {
+                n: [t[:TEXT_CHARS] if isinstance(t, str) else t for t in ts]
+                for n, ts in g.get("by_contender", {}).items()
+            },
+        },
+        "runs": runs,
+    }
+
+
+def _stats_only(table: dict) -> dict:
+    """Median, min, max, n (or why there is none) of every figure: no single values (each
+    run's are in the summary's runs)."""
+    return {
+        name: {f: {k: v for k, v in s.items() if k not in ("values", "per_round")}
+               for f, s in figs.items()}
+        for name, figs in table.items()
+    }  # fmt: skip
+
+
+def dumps(obj, level: int = 0) -> str:
+    """JSON with one line per innermost object or list (a run's figures, a statistic):
+    readable, and a third of ``indent=1``'s lines."""
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, list) else ()
+    if not any(isinstance(v, (dict, list)) for v in values):
+        return json.dumps(obj, ensure_ascii=False)
+    pad = " " * (level + 1)
+    if isinstance(obj, dict):
+        items = [f"{pad}{json.dumps(k)}: {dumps(v, level + 1)}" for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + "\n" + " " * level + "}"
+    items = [pad + dumps(v, level + 1) for v in obj]
+    return "[\n" + ",\n".join(items) + "\n" + " " * level + "]"
+
+
+def write_summary(s: dict, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(s) + "\n")
+    return path
 
 
 def _fmt(v: float, digits: int) -> str:
@@ -260,7 +367,9 @@ def render_markdown(results: dict) -> str:
         for n in names:
             ts = g["by_contender"].get(n) or []
             uniq = sorted(set(ts))
-            same = "same in every round" if len(uniq) == 1 else "DIFFERS between rounds"
+            # from the full texts (a summary keeps their first TEXT_CHARS characters)
+            once = g.get("same_in_every_round", {}).get(n, len(uniq) == 1)
+            same = "same in every round" if once else "DIFFERS between rounds"
             lines.append(f"- {n} ({same}): " + " | ".join(repr(t[:60]) for t in uniq))
         for n in others:
             if g["same_as_baseline"].get(n):
@@ -357,3 +466,39 @@ def plot(results: dict, path: Path) -> Path | None:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m vllm_x86.tools.bench.report",
+        description="Print the report of a `vllm-x86 bench` run from its results.json (or "
+        "from a summary of it); write the summary (the figures without the raw samples) "
+        "and the chart where asked.",
+    )
+    p.add_argument("results", type=Path, help="a run's results.json, or a summary JSON")
+    p.add_argument("--summary", type=Path, help="write the summary JSON here")
+    p.add_argument("--chart", type=Path, help="draw the chart here (PNG)")
+    a = p.parse_args(argv)
+    try:
+        data = json.loads(a.results.read_text())
+    except (OSError, ValueError) as e:
+        print(f"{p.prog}: error: cannot read {a.results}: {e}", file=sys.stderr)
+        return 1
+    if not isinstance(data, dict) or not {"runs", "contenders", "baseline"} <= data.keys():
+        print(
+            f"{p.prog}: error: {a.results} is not the results of `vllm-x86 bench` "
+            "(it has no runs, contenders and baseline)",
+            file=sys.stderr,
+        )
+        return 1
+    s = summary(data, raw=None if data.get("kind") == SUMMARY_KIND else str(a.results))
+    if a.summary:
+        write_summary(s, a.summary)
+    if a.chart and plot(s, a.chart) is None:
+        print(f"{p.prog}: no chart: matplotlib is not installed", file=sys.stderr)
+    print(render_markdown(s), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,6 +10,12 @@ once (so the first contender does not pay a cold page cache), then for each roun
 every contender once, in the order given (A B A B ...), each in a fresh process; probe
 bandwidth again; write the JSON (after every run, so an interrupted run keeps what it
 measured), the markdown report and the chart; print the report.
+
+The run's folder (under --out, `out/bench/` by default, outside git) keeps everything:
+results.json with every raw sample, summary.json (report.summary: the figures without
+the raw samples), report.md, chart.png and the logs. `--summary FILE.json` also writes
+the summary and the chart (FILE.png) where the docs keep the reports they cite
+(docs/bench/).
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ import datetime as dt
 import json
 import platform
 import shlex
+import shutil
 import sys
 import time
 from importlib import metadata
 from pathlib import Path
 
-from vllm_x86.bench.contenders import (
+from vllm_x86.tools.bench.contenders import (
     BASELINE,
     CONTENDERS,
     BenchError,
@@ -32,7 +39,7 @@ from vllm_x86.bench.contenders import (
     contender_env,
     parse_contenders,
 )
-from vllm_x86.bench.workload import Workload
+from vllm_x86.tools.bench.workload import Workload
 
 QUICK_MODEL = "random:tiny-llama"
 # Other processes using more than this share of one CPU make a machine "not quiet".
@@ -64,7 +71,7 @@ def _positive(s: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from vllm_x86.bench.synthetic import SHAPES
+    from vllm_x86.tools.bench.synthetic import SHAPES
 
     p.add_argument(
         "--model",
@@ -120,8 +127,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out",
         default="out/bench",
-        help="where each run's folder (results.json, report.md, chart.png, logs/) is made "
-        "(default: %(default)s)",
+        help="where each run's folder (results.json, summary.json, report.md, chart.png, logs/) "
+        "is made (default: %(default)s)",
+    )
+    p.add_argument(
+        "--summary",
+        metavar="FILE.json",
+        help="also write the summary (the report's figures, no raw samples) to FILE.json "
+        "and the chart beside it as FILE.png, e.g. docs/bench/DATE-NAME.json for a report "
+        "the docs cite",
     )
     p.add_argument(
         "--bandwidth-mib",
@@ -154,17 +168,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve_model(arg: str | None) -> tuple[Path, str, str]:
     """(model directory, label, description) for --model."""
-    from vllm_x86.models.catalog import lookup
+    from vllm_x86.tools.models.catalog import lookup
 
     if arg and arg.startswith("random:"):
-        from vllm_x86.bench import synthetic
+        from vllm_x86.tools.bench import synthetic
 
         shape = arg.split(":", 1)[1]
         path = synthetic.build(shape)
         return path, arg, f"random weights, {synthetic.SHAPES[shape].description}"
     if arg is None or lookup(arg) is not None:
-        from vllm_x86.models.catalog import DEFAULT_MODEL
-        from vllm_x86.models.pull import PullError, pull
+        from vllm_x86.tools.models.catalog import DEFAULT_MODEL
+        from vllm_x86.tools.models.pull import PullError, pull
 
         entry = lookup(arg or DEFAULT_MODEL)
         try:
@@ -191,7 +205,7 @@ def _version(dist: str) -> str | None:
 
 
 def machine_info() -> dict:
-    from vllm_x86 import hardware
+    from vllm_x86.runtime import hardware
 
     cpu = hardware.cpu_info()
     mem = hardware.memory_info()
@@ -222,7 +236,7 @@ def _warm_page_cache(model_dir: Path, extra: list[Path]) -> None:
 def _wait_quiet(max_wait_s: int) -> float:
     """Other processes' CPU use (% of one CPU), after waiting up to max_wait_s for it to
     drop below QUIET_PCT."""
-    from vllm_x86.bench.proctree import other_cpu_pct
+    from vllm_x86.tools.bench.proctree import other_cpu_pct
 
     pct = other_cpu_pct(1.0)
     if pct < QUIET_PCT:
@@ -243,8 +257,8 @@ def _wait_quiet(max_wait_s: int) -> float:
 
 
 def _weights(contenders: list[Contender], model_dir: Path, dtype: str, gguf: Path | None) -> dict:
-    from vllm_x86.bench.roofline import gguf_weight_bytes_per_token, hf_weight_bytes_per_token
-    from vllm_x86.quant import scope
+    from vllm_x86.runtime.quant import scope
+    from vllm_x86.tools.bench.roofline import gguf_weight_bytes_per_token, hf_weight_bytes_per_token
 
     out: dict = {}
     for c in contenders:
@@ -267,8 +281,8 @@ def _weights(contenders: list[Contender], model_dir: Path, dtype: str, gguf: Pat
 
 def run(ns: argparse.Namespace, argv: list[str]) -> dict:
     """The whole benchmark; returns the results dictionary (also written as JSON)."""
-    from vllm_x86.bench import bandwidth, report
-    from vllm_x86.bench.workload import PromptSet
+    from vllm_x86.tools.bench import bandwidth, report
+    from vllm_x86.tools.bench.workload import PromptSet
 
     contenders = parse_contenders(ns.contenders)
     quick = ns.quick
@@ -287,6 +301,9 @@ def run(ns: argparse.Namespace, argv: list[str]) -> dict:
             f"--prompt-tokens + --new-tokens ({w.prompt_tokens + w.new_tokens}) exceeds "
             f"--max-model-len ({w.max_model_len})"
         )
+    summary_path = Path(ns.summary) if ns.summary else None
+    if summary_path is not None and summary_path.suffix != ".json":
+        raise BenchError(f"--summary {ns.summary}: give a .json file name")
     if ns.gguf and not Path(ns.gguf).is_file():
         raise BenchError(f"GGUF file '{ns.gguf}' does not exist")
     if ns.gguf and not any(c.kind == "llamacpp" for c in contenders):
@@ -300,7 +317,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> dict:
 
     gguf = None
     if any(c.kind == "llamacpp" for c in contenders):
-        from vllm_x86.bench.gguf_export import cached_export
+        from vllm_x86.tools.bench.gguf_export import cached_export
 
         gguf = Path(ns.gguf) if ns.gguf else cached_export(model_dir, dtype)
 
@@ -357,13 +374,13 @@ def run(ns: argparse.Namespace, argv: list[str]) -> dict:
             t0 = time.monotonic()
             env = contender_env(c)
             if c.is_server:
-                from vllm_x86.bench.server import measure_server
+                from vllm_x86.tools.bench.server import measure_server
 
                 m = measure_server(
                     c, str(model_dir), env, prompts, w, dtype, mode, log_path, ns.timeout
                 )
             else:
-                from vllm_x86.bench.llamacpp import measure_llamacpp
+                from vllm_x86.tools.bench.llamacpp import measure_llamacpp
 
                 m = measure_llamacpp(gguf, env, prompts, w, log_path, out_dir / "work", ns.timeout)
             raw = m.pop("raw")
@@ -398,8 +415,11 @@ def run(ns: argparse.Namespace, argv: list[str]) -> dict:
     md = report.render_markdown(results)
     (out_dir / "report.md").write_text(md)
     png = report.plot(results, out_dir / "chart.png")
+    summ = report.summary(results, raw=str(json_path))
+    report.write_summary(summ, out_dir / "summary.json")
     results["files"] = {
         "json": str(json_path),
+        "summary": str(out_dir / "summary.json"),
         "markdown": str(out_dir / "report.md"),
         "chart": str(png) if png else None,
     }
@@ -407,6 +427,12 @@ def run(ns: argparse.Namespace, argv: list[str]) -> dict:
     print(md, flush=True)
     _say(f"results: {json_path}")
     _say(f"chart:   {png}" if png else "chart: not drawn (matplotlib is not installed)")
+    if summary_path is not None:
+        report.write_summary(summ, summary_path)
+        _say(f"summary: {summary_path}")
+        if png:
+            shutil.copyfile(png, summary_path.with_suffix(".png"))
+            _say(f"chart:   {summary_path.with_suffix('.png')}")
     return results
 
 

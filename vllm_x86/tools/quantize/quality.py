@@ -1,6 +1,6 @@
 """Quality of quantized models: perplexity on a fixed text, greedy agreement with bf16.
 
-    .venv/bin/python -m vllm_x86.quant.quality [--model DIR|NAME] [--variants bf16,x86_int8,x86_int4]
+    .venv/bin/python -m vllm_x86.tools.quantize.quality [--model DIR|NAME] [--variants bf16,x86_int8,x86_int4]
 
 Each variant runs in a fresh process with vLLM's LLM class (eager mode):
 - perplexity over the project's evaluation text (quant/data/eval_text.txt: the Python
@@ -16,21 +16,32 @@ x86_int8-w8a8 / x86_int4-w4a8: vLLM's kernels (8-bit activations);
 x86_int4-sym (symmetric groups), -g64, -g32; -wo: PyTorch's weight-only kernels on the
 same weights; x86_int4-gptq / x86_int4-rtn-prepacked: a directory `vllm-x86 quantize`
 writes first (GPTQ / round-to-nearest codes), served as it is; x86_int4-gptq-head4: the
-same with `--lm-head int4` (the LM head's GPTQ codes too). Prints a markdown table;
---json writes the raw numbers (after every variant, so a run that stops keeps them).
+same with `--lm-head int4` (the LM head's GPTQ codes too). Prints a markdown table.
+
+Each run makes a folder under --out (`out/quality/` by default, outside git) with
+results.json (every variant's numbers and greedy token ids) and summary.json (``summary``:
+perplexity, its change against bf16 and the greedy agreement per variant, no token ids),
+both written after every variant, so a run that stops keeps what it measured; --json
+FILE also writes the summary to FILE (e.g. docs/bench/DATE-quality-NAME.json, the
+reports the docs cite).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 NEW_TOKENS = 32
+BASELINE = "bf16"
+RAW_KIND = "vllm-x86 quality"
+SUMMARY_KIND = "vllm-x86 quality summary"
 
 VARIANTS: dict[str, tuple[str | None, dict[str, str]]] = {
     "bf16": (None, {}),
@@ -65,7 +76,7 @@ CONVERTED: dict[str, dict] = {
 
 
 def eval_text() -> str:
-    from vllm_x86.quant import shipped_text
+    from vllm_x86.tools.quantize import shipped_text
 
     return shipped_text("eval_text.txt")
 
@@ -122,7 +133,7 @@ def run_variant(model: str, name: str, window: int, prompts: int) -> dict:
     if name in CONVERTED:
         import tempfile
 
-        from vllm_x86.quant.convert import quantize_checkpoint
+        from vllm_x86.tools.quantize.convert import quantize_checkpoint
 
         with tempfile.TemporaryDirectory(prefix="vllm-x86-quality-") as tmp:
             out = Path(tmp) / name
@@ -142,7 +153,7 @@ def _run(model, quant, env_extra, window, prompts, name) -> dict:
     cmd = [
         sys.executable,
         "-m",
-        "vllm_x86.quant.quality",
+        "vllm_x86.tools.quantize.quality",
         "--child",
         "--model",
         model,
@@ -169,7 +180,69 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
     return same / len(a), prefix / len(a)
 
 
+def summary(results: dict, raw: str | dict | None = None, **meta) -> dict:
+    """A quality run without its greedy token ids: per variant the perplexity, its change
+    against bf16 (%), the share of prompts whose greedy tokens all equal bf16's and the
+    mean share of tokens before the first difference. ``results`` is a run's results.json
+    or the bare {variant: numbers} mapping runs wrote before 2026-12-06 (``meta`` gives
+    what those do not record, e.g. model=...). ``raw`` says where the full results are."""
+    if results.get("kind") == SUMMARY_KIND:
+        return results
+    variants = results["variants"] if results.get("kind") == RAW_KIND else results
+    keys = ("model", "model_path", "date", "command", "machine", "window", "prompts")
+    info = {k: results[k] for k in keys if k in results} | meta
+    first = next(iter(variants.values()), None)
+    if first is not None:  # what older runs did not record, from their numbers
+        info.setdefault("window", first["scored_tokens"] // first["windows"] + 1)
+        info.setdefault("prompts", len(first["greedy"]))
+    base = variants.get(BASELINE)
+    rows = {}
+    for n, r in variants.items():
+        row = {"ppl": r["ppl"], "scored_tokens": r["scored_tokens"], "windows": r["windows"]}
+        if base is not None:
+            same, prefix = agreement(r["greedy"], base["greedy"])
+            row |= {
+                "ppl_vs_baseline_pct": 100 * (r["ppl"] / base["ppl"] - 1),
+                "greedy_identical_share": same,
+                "greedy_prefix_share": prefix,
+            }
+        rows[n] = row
+    return {
+        "kind": SUMMARY_KIND,
+        "schema": 1,
+        "raw": raw,
+        **info,
+        "new_tokens": results.get("new_tokens", NEW_TOKENS),
+        "baseline": BASELINE,
+        "variants": rows,
+    }
+
+
+def render(s: dict) -> str:
+    """The markdown table of a summary."""
+    base = s["variants"].get(s["baseline"], {})
+    lines = [
+        f"model {s.get('model')}; {base.get('scored_tokens')} tokens scored in "
+        f"{base.get('windows')} windows of {s.get('window')}; greedy agreement over "
+        f"{s.get('prompts')} prompts x {s['new_tokens']} tokens",
+        "",
+        "| variant | perplexity | vs bf16 | prompts with identical greedy output | "
+        "mean share of tokens before the first difference |",
+        "|---|---|---|---|---|",
+    ]
+    for n, r in s["variants"].items():
+        if "ppl_vs_baseline_pct" not in r:
+            lines.append(f"| {n} | {r['ppl']:.3f} | - | - | - |")
+            continue
+        lines.append(
+            f"| {n} | {r['ppl']:.3f} | {r['ppl_vs_baseline_pct']:+.2f} % | "
+            f"{100 * r['greedy_identical_share']:.0f} % | {100 * r['greedy_prefix_share']:.0f} % |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--model",
@@ -179,47 +252,63 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="bf16,x86_int8,x86_int4")
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--prompts", type=int, default=100)
-    ap.add_argument("--json", help="write the raw results here")
+    ap.add_argument(
+        "--json",
+        metavar="FILE.json",
+        help="also write the summary here (no token ids), e.g. docs/bench/DATE-quality-NAME.json",
+    )
+    ap.add_argument(
+        "--out",
+        default="out/quality",
+        help="where the run's folder (results.json with the greedy token ids, summary.json) "
+        "is made (default: %(default)s)",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--quantization", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if not a.child:
-        from vllm_x86.models.pull import resolve_model
-
-        a.model = resolve_model(a.model)  # a catalog name is pulled first
     if a.child:
         _child(a)
         return 0
+    from vllm_x86.tools.models.pull import resolve_model
+
+    model_arg = a.model
+    a.model = resolve_model(a.model)  # a catalog name is pulled first
     names = a.variants.split(",")
     unknown = [n for n in names if n not in VARIANTS and n not in CONVERTED]
     if unknown:
         ap.error(f"unknown variants {unknown}; choose from {', '.join([*VARIANTS, *CONVERTED])}")
-    if "bf16" not in names:
-        names.insert(0, "bf16")
-    results = {}
+    if BASELINE not in names:
+        names.insert(0, BASELINE)
+    from vllm_x86.tools.bench.harness import machine_info
+
+    started = dt.datetime.now().astimezone()
+    label = Path(model_arg or a.model).name.replace(":", "-")
+    run_dir = Path(a.out) / f"{started:%Y%m%d-%H%M%S}-{label}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    raw_path = run_dir / "results.json"
+    results = {
+        "kind": RAW_KIND,
+        "model": model_arg or Path(a.model).name,
+        "model_path": str(a.model),
+        "date": started.isoformat(timespec="seconds"),
+        "command": "python -m vllm_x86.tools.quantize.quality " + shlex.join(argv),
+        "machine": machine_info(),
+        "window": a.window,
+        "prompts": a.prompts,
+        "new_tokens": NEW_TOKENS,
+        "variants": {},
+    }
     for n in names:
-        print(f"[quality] {n} ...", file=sys.stderr, flush=True)
-        results[n] = run_variant(a.model, n, a.window, a.prompts)
-        if a.json:  # after every variant: a long run that stops keeps what it measured
-            Path(a.json).write_text(json.dumps(results, indent=1))
-    base = results["bf16"]
-    print(
-        f"\nmodel {a.model}; {base['scored_tokens']} tokens scored in {base['windows']} "
-        f"windows of {a.window}; greedy agreement over {a.prompts} prompts x "
-        f"{NEW_TOKENS} tokens\n"
-    )
-    print(
-        "| variant | perplexity | vs bf16 | prompts with identical greedy output | "
-        "mean share of tokens before the first difference |"
-    )
-    print("|---|---|---|---|---|")
-    for n in names:
-        r = results[n]
-        same, prefix = agreement(r["greedy"], base["greedy"])
-        print(
-            f"| {n} | {r['ppl']:.3f} | {100 * (r['ppl'] / base['ppl'] - 1):+.2f} % | "
-            f"{100 * same:.0f} % | {100 * prefix:.0f} % |"
-        )
+        _say(f"{n} ...")
+        results["variants"][n] = run_variant(a.model, n, a.window, a.prompts)
+        # after every variant: a long run that stops keeps what it measured
+        raw_path.write_text(json.dumps(results, indent=1) + "\n")
+        s = summary(results, raw=str(raw_path))
+        for path in (run_dir / "summary.json", *([Path(a.json)] if a.json else [])):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(s, indent=1) + "\n")
+    print("\n" + render(summary(results)))
+    _say(f"written to {run_dir}")
     return 0
 
 

@@ -30,6 +30,11 @@ process start, worker process start, weight loading, compilation and warm-up (co
 mode), KV-cache allocation and engine hand-shake, API-server set-up, then ``/health``
 and the first token. A second request (16 greedy tokens of a fixed prompt) checks that
 every start produces the same text.
+
+The run's folder (--out, `out/startup/` by default) keeps results.json (every start with
+its command line and log times), summary.json (``summary``: medians and each start's
+phases) and report.md, with the logs; ``--summary FILE.json`` also writes the summary
+where the docs keep the reports they cite (docs/bench/).
 """
 
 from __future__ import annotations
@@ -50,10 +55,10 @@ from pathlib import Path
 
 import httpx
 
-from vllm_x86.bench.contenders import STOCK_START_ENV, BenchError
-from vllm_x86.bench.proctree import TreeMonitor
-from vllm_x86.bench.server import SERVED_NAME, log_tail, stop_group
-from vllm_x86.ports import free_port
+from vllm_x86.tools.bench.contenders import STOCK_START_ENV, BenchError
+from vllm_x86.tools.bench.proctree import TreeMonitor
+from vllm_x86.tools.bench.server import SERVED_NAME, log_tail, stop_group
+from vllm_x86.tools.ports import free_port
 
 STARTS = ("stock", "cold", "warm-cache", "daemon", "cold-spawn", "cold-compile")
 # The cold start with a start-up lever switched off, to show what it brings.
@@ -61,6 +66,7 @@ ABLATIONS = {
     "cold-spawn": {"VLLM_X86_ENGINE_FORK": "0"},
     "cold-compile": {"VLLM_X86_STAGED_WARMUP": "0"},
 }
+SUMMARY_KIND = "vllm-x86 bench startup summary"
 CHECK_PROMPT = "The capital of France is"
 CHECK_TOKENS = 16
 
@@ -197,7 +203,7 @@ class Daemon:
     def start(self) -> None:
         t0 = time.perf_counter()
         r = subprocess.run(
-            [sys.executable, "-m", "vllm_x86.cli", "daemon", "start"],
+            [sys.executable, "-m", "vllm_x86.tools.cli", "daemon", "start"],
             env=self.env,
             capture_output=True,
             text=True,
@@ -208,8 +214,8 @@ class Daemon:
         self.warm_s = time.perf_counter() - t0
 
     def status(self) -> dict:
-        from vllm_x86.daemon.client import running
-        from vllm_x86.daemon.paths import files
+        from vllm_x86.tools.daemon.client import running
+        from vllm_x86.tools.daemon.paths import files
 
         st = running(files(self.dir))
         if st is None:
@@ -217,13 +223,13 @@ class Daemon:
         return st
 
     def stop_model(self) -> None:
-        from vllm_x86.daemon.client import request
+        from vllm_x86.tools.daemon.client import request
 
         request(self.status()["port"], "POST", "/stop-model", {}, timeout=120)
 
     def stop(self) -> None:
-        from vllm_x86.daemon.client import stop
-        from vllm_x86.daemon.paths import files
+        from vllm_x86.tools.daemon.client import stop
+        from vllm_x86.tools.daemon.paths import files
 
         stop(files(self.dir))
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -241,7 +247,7 @@ def measure(kind: str, model: Path, ns, log_path: Path, cache_root: Path | None,
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
         env = _clean_env(VLLM_X86_DISABLE="1", **STOCK_START_ENV, **extra)
     else:
-        cmd = [sys.executable, "-m", "vllm_x86.cli", "serve", str(model)]
+        cmd = [sys.executable, "-m", "vllm_x86.tools.cli", "serve", str(model)]
         env = _clean_env(**extra, **ABLATIONS.get(kind, {}))
         if kind == "daemon":
             env = dict(daemon.env, **extra)
@@ -308,11 +314,11 @@ def _fmt(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f}"
 
 
-def report(results: dict) -> str:
+def medians(results: dict) -> dict[str, dict]:
+    """For each way of starting: the median launch-to-first-token and phase times."""
     runs = results["runs"]
-    kinds = list(dict.fromkeys(r["start"] for r in runs))
     med: dict[str, dict] = {}
-    for k in kinds:
+    for k in dict.fromkeys(r["start"] for r in runs):
         rs = [r for r in runs if r["start"] == k]
         med[k] = {
             "startup_s": statistics.median(r["startup_s"] for r in rs),
@@ -321,6 +327,26 @@ def report(results: dict) -> str:
         for p in PHASES:
             vals = [r["phases"][p] for r in rs if r["phases"].get(p) is not None]
             med[k]["phases"][p] = statistics.median(vals) if vals else None
+    return med
+
+
+def summary(results: dict) -> dict:
+    """What the report is made from: the medians, and each start's figures (phases, the
+    other work beside it, the greedy check's text), without the command lines and log
+    times (results.json in the run's folder keeps them)."""
+    drop = ("command", "markers_s")
+    return {
+        "kind": SUMMARY_KIND,
+        **{k: v for k, v in results.items() if k not in ("runs", "kind")},
+        "medians": medians(results),
+        "runs": [{k: v for k, v in r.items() if k not in drop} for r in results["runs"]],
+    }
+
+
+def report(results: dict) -> str:
+    runs = results["runs"]
+    med = medians(results)
+    kinds = list(med)
     head = "| phase (s) | " + " | ".join(kinds) + " |"
     lines = [
         f"Model: {results['model']} ({results['dtype']}, {results['mode']}, max-model-len "
@@ -369,8 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vllm-x86 bench startup",
         description="Start-up breakdown of vLLM's OpenAI server: stock vLLM CPU, a cold "
         "`vllm-x86 serve`, a start with a warm compile cache, and a start from the standby "
-        "daemon, timed from launch to first token. Writes results.json and report.md to a "
-        "new folder under --out and prints the report. Method and results: docs/startup.md.",
+        "daemon, timed from launch to first token. Writes results.json, summary.json and "
+        "report.md to a new folder under --out and prints the report. Method and results: "
+        "docs/startup.md.",
     )
     p.add_argument("--model", help="model directory, catalog name or random:SHAPE "
                    "(default: the default model)")  # fmt: skip
@@ -392,17 +419,23 @@ def build_parser() -> argparse.ArgumentParser:
         "20%% of a CPU (default: %(default)s; 0: do not wait)",
     )
     p.add_argument("--out", default="out/startup", help="(default: %(default)s)")
+    p.add_argument(
+        "--summary",
+        metavar="FILE.json",
+        help="also write the summary (medians and each start's phases, no command lines "
+        "or log times) to FILE.json, e.g. docs/bench/DATE-startup-NAME.json",
+    )
     return p
 
 
 def _wait_quiet(max_wait_s: int) -> float:
-    from vllm_x86.bench.harness import _wait_quiet as wait
+    from vllm_x86.tools.bench.harness import _wait_quiet as wait
 
     return wait(max_wait_s)
 
 
 def main(argv: list[str]) -> int:
-    from vllm_x86.bench.harness import resolve_model
+    from vllm_x86.tools.bench.harness import resolve_model
 
     ns = build_parser().parse_args(argv)
     default = "stock,cold,daemon" if ns.mode == "eager" else "stock,cold,warm-cache,daemon"
@@ -416,6 +449,8 @@ def main(argv: list[str]) -> int:
                 raise BenchError(f"{kind} is about compiling: use --mode compiled")
         if ns.rounds < 1:
             raise BenchError("--rounds must be at least 1")
+        if ns.summary and not ns.summary.endswith(".json"):
+            raise BenchError(f"--summary {ns.summary}: give a .json file name")
         model, label, _ = resolve_model(ns.model)
         return _run(ns, starts, model, label)
     except BenchError as e:
@@ -431,7 +466,7 @@ def _run(ns, starts: list[str], model: Path, label: str) -> int:
         "model": label, "model_dir": str(model), "dtype": ns.dtype, "mode": ns.mode,
         "max_model_len": ns.max_model_len, "rounds": ns.rounds, "starts": starts,
         "argv": ["vllm-x86", "bench", "startup", *sys.argv[3:]], "runs": [],
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }  # fmt: skip
     for f in model.iterdir():  # read once, so the first start does not pay a cold page cache
         if f.is_file():
@@ -476,6 +511,12 @@ def _run(ns, starts: list[str], model: Path, label: str) -> int:
         shutil.rmtree(caches, ignore_errors=True)
     text = report(results)
     (out / "report.md").write_text(text)
+    summ = json.dumps(summary(results), indent=1) + "\n"
+    (out / "summary.json").write_text(summ)
     print(text)
     _say(f"written to {out}")
+    if ns.summary:
+        Path(ns.summary).parent.mkdir(parents=True, exist_ok=True)
+        Path(ns.summary).write_text(summ)
+        _say(f"summary: {ns.summary}")
     return 0
