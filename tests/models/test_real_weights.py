@@ -1,14 +1,15 @@
 """Real weights: the catalog's models through vLLM with the plugin against transformers.
 
-For each model of `vllm-x86 pull`'s catalog (SmolLM2-135M-Instruct, Qwen2.5-Coder-0.5B-
-Instruct, Gemma-3-270M), pulled and converted as a user gets it: the same prompt token
-ids (a real prompt, through the model's own tokenizer and chat template) go to vLLM and
-to transformers, fp32 and bf16, eager; the verdict is the conformance suite's
-(`vllm_x86.check.parity_on_weights` -> `conformance.judge`, tolerances documented in
-docs/supported_models.md): fp32 all greedy tokens equal and log-probs within 2e-3; bf16
-tokens equal (up to a float32 near tie) and prompt log-probs within 4x transformers' own
-bf16 error + 0.1. And the text says what the model should: the coder writes a Python
-function, the base model continues the sentence.
+For each model of `vllm-x86 pull`'s catalog (smollm2-135m-instruct-q4_1,
+qwen2.5-coder-0.5b-instruct-q4_k_m, gemma-3-270m-q4_k_m: GGUF files dequantized to bf16),
+pulled and converted as a user gets it: the same prompt token ids (a real prompt, through
+the model's own tokenizer and chat template) go to vLLM and to transformers, fp32 and
+bf16, eager; the verdict is the conformance suite's
+(`vllm_x86.tools.conformance.check.parity_on_weights` -> `conformance.judge`, tolerances
+documented in docs/supported_models.md): fp32 all greedy tokens equal and log-probs within
+2e-3; bf16 tokens equal (up to a float32 near tie) and prompt log-probs within 4x
+transformers' own bf16 error + 0.1. And the text says what the model should: the coder
+writes a Python function, the base model continues the sentence.
 
 Downloading (about 720 MB) and converting the two larger models costs minutes on 2
 cores, so these tests carry the `real_weights` marker, which the default run deselects:
@@ -23,12 +24,12 @@ NEW_TOKENS = 24
 
 # model -> (chat question or plain text, whether it is a chat prompt)
 PROMPTS = {
-    "smollm2-135m-instruct": ("What is the capital of France?", True),
-    "qwen2.5-coder-0.5b-instruct": (
+    "smollm2-135m-instruct-q4_1": ("What is the capital of France?", True),
+    "qwen2.5-coder-0.5b-instruct-q4_k_m": (
         "Write a Python function is_prime(n). Reply with the code only.",
         True,
     ),
-    "gemma-3-270m": ("The three primary colours of light are", False),
+    "gemma-3-270m-q4_k_m": ("The three primary colours of light are", False),
 }
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_weights]
@@ -60,8 +61,8 @@ def decode(model_dir, ids: list[int]) -> str:
 def run(request):
     """(name, model dir, prompt ids, prepared references, vLLM results, verdicts by mode);
     module scope: one pull and one vLLM run per model for all the tests below."""
-    from vllm_x86.check import parity_on_weights
-    from vllm_x86.models.pull import pull
+    from vllm_x86.tools.conformance.check import parity_on_weights
+    from vllm_x86.tools.models.pull import pull
 
     name = request.param
     model_dir = pull(name)
@@ -74,9 +75,9 @@ def run(request):
 
 def test_converted_prompt_is_what_the_model_expects(run):
     name, model_dir, ids, *_ = run
-    if name == "gemma-3-270m":
+    if name == "gemma-3-270m-q4_k_m":
         assert ids[0] == 2  # <bos>: the GGUF's add_bos_token, applied by the converter
-    if name == "qwen2.5-coder-0.5b-instruct":
+    if name == "qwen2.5-coder-0.5b-instruct-q4_k_m":
         assert ids[:1] == [151644]  # <|im_start|>, from the GGUF's chat template
 
 
@@ -95,9 +96,9 @@ def test_vllm_text_is_sensible(run):
     res = results[f"{prep.arch}:fp32-eager"]
     text = decode(model_dir, res["tokens"])
     print(f"\n{name} fp32-eager text: {text!r}")
-    if name == "smollm2-135m-instruct":
+    if name == "smollm2-135m-instruct-q4_1":
         assert "Paris" in text, text
-    elif name == "qwen2.5-coder-0.5b-instruct":
+    elif name == "qwen2.5-coder-0.5b-instruct-q4_k_m":
         assert "def is_prime(n" in text, text
     else:  # a base model continues the sentence with words, not a repeated token
         words = text.split()

