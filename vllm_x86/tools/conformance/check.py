@@ -10,12 +10,12 @@ on a user's checkpoint, with a verdict per stage:
    here: the plugin's kernel, vLLM's CPU kernel, or PyTorch; listed per op.
 3. parity: greedy tokens and log-probabilities against transformers on the same prompt
    token ids (fp32, then bf16; eager, and compiled with --compiled), with the suite's
-   tolerances (vllm_x86/models/conformance.py).
+   tolerances (vllm_x86/tools/conformance/conformance.py).
 4. speed: decode tokens/s of one request (bf16 eager).
 
 With weights up to --max-real-gib (default 1 GiB) the real weights are used; beyond
 that, or with --tiny, a tiny random-weight copy of the config (the suite's shrink,
-vllm_x86/models/tiny.py): that checks the code paths, not the weights, and its speed
+vllm_x86/tools/conformance/tiny.py): that checks the code paths, not the weights, and its speed
 says nothing about the real model's.
 """
 
@@ -84,19 +84,43 @@ def stage_architecture(cfg: dict) -> tuple[bool, list[str], str]:
     else:
         lines.append(f"transformers has no {arch}: the parity stage cannot run")
     status = matrix_status(arch)
-    if status:
+    if status is None:
+        lines.append(
+            "support matrix: not found (docs/supported_models.json, which a built wheel "
+            "carries as vllm_x86/tools/conformance/supported_models.json)"
+        )
+    elif status:
         lines.append("support matrix: " + ", ".join(f"{m} {s}" for m, s in status.items()))
     else:
-        lines.append("support matrix: not in the suite's table (vllm_x86/models/archs.py)")
+        lines.append(
+            "support matrix: not in the suite's table (vllm_x86/tools/conformance/archs.py)"
+        )
     return ok, lines, arch
 
 
-def matrix_status(arch: str) -> dict[str, str]:
-    path = Path(__file__).resolve().parent.parent / "docs" / "supported_models.json"
+def matrix_path() -> Path | None:
+    """The support matrix: the copy a built wheel carries (setup.py puts it there), else
+    the checkout's docs/supported_models.json; None when neither is there."""
+    here = Path(__file__).resolve()
+    for path in (
+        here.parent / "supported_models.json",
+        here.parents[3] / "docs" / "supported_models.json",
+    ):
+        if path.is_file():
+            return path
+    return None
+
+
+def matrix_status(arch: str) -> dict[str, str] | None:
+    """{mode: status} of `arch` in the support matrix ({} if it is not there), or None
+    when the matrix cannot be read."""
+    path = matrix_path()
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text()) if path is not None else None
     except (OSError, ValueError):
-        return {}
+        data = None
+    if data is None:
+        return None
     row = data.get("archs", {}).get(arch)
     return {m: e["status"] for m, e in (row or {}).get("modes", {}).items()}
 
@@ -106,8 +130,8 @@ def tiny_copy(model_dir: Path, arch: str):
     import transformers
     from transformers import AutoConfig
 
-    from vllm_x86.models import tiny
-    from vllm_x86.models.archs import BY_NAME
+    from vllm_x86.tools.conformance import tiny
+    from vllm_x86.tools.conformance.archs import BY_NAME
 
     if not hasattr(transformers, arch):
         raise CheckError(f"transformers has no {arch}: cannot build a reference copy")
@@ -139,8 +163,8 @@ def run_check(
     max_real_gib: float = 1.0,
     speed_tokens: int = 64,
 ) -> int:
-    from vllm_x86.models import conformance as conf
-    from vllm_x86.models import tiny
+    from vllm_x86.tools.conformance import conformance as conf
+    from vllm_x86.tools.conformance import tiny
 
     model_dir = Path(model_dir).expanduser().resolve()
     if not model_dir.is_dir():
@@ -165,7 +189,7 @@ def run_check(
             "config (code paths, not these weights)"
         )
         tcfg, gain = tiny_copy(model_dir, arch)
-        from vllm_x86.models.archs import BY_NAME as _rows
+        from vllm_x86.tools.conformance.archs import BY_NAME as _rows
 
         hub_format = _rows[arch].hub_format if arch in _rows else ""
         run_dir = tiny.build(arch, tcfg, gain=gain, hub_format=hub_format)
@@ -241,7 +265,7 @@ def run_check(
 def reference_cache(model_dir: Path) -> Path:
     """Where the transformers references of a real checkpoint are kept (not inside the
     user's model directory)."""
-    from vllm_x86.models import tiny
+    from vllm_x86.tools.conformance import tiny
 
     key = hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:12]
     return Path(tiny.tiny_root()).parent / "check" / key
@@ -249,9 +273,9 @@ def reference_cache(model_dir: Path) -> Path:
 
 def parity_jobs(prep, modes, new_tokens: int | None = None, max_model_len: int | None = None):
     """The vLLM jobs of the parity stage: one per mode, with the architecture's engine
-    arguments from the suite's table (vllm_x86/models/archs.py)."""
-    from vllm_x86.models import conformance as conf
-    from vllm_x86.models.archs import BY_NAME
+    arguments from the suite's table (vllm_x86/tools/conformance/archs.py)."""
+    from vllm_x86.tools.conformance import conformance as conf
+    from vllm_x86.tools.conformance.archs import BY_NAME
 
     row = BY_NAME.get(prep.arch)
     engine = dict(row.engine) if row else {}
@@ -274,7 +298,7 @@ def parity_on_weights(
 
     Returns (prepared, vLLM results by job id, verdicts by mode); the verdicts are the
     conformance suite's (`conformance.judge`, its tolerances unchanged)."""
-    from vllm_x86.models import conformance as conf
+    from vllm_x86.tools.conformance import conformance as conf
 
     model_dir = Path(model_dir)
     arch = read_config(model_dir)["architectures"][0]
