@@ -41,6 +41,7 @@ CSRC = "vllm_x86/runtime/csrc"
 # The support matrix `vllm-x86 check` reports from (vllm_x86/tools/conformance/check.py);
 # it lives in docs/ and is copied into the package of a built wheel.
 MATRIX = "docs/supported_models.json"
+COMPILE_ARGS = ("-O3", "-g0", "-std=c++17", "-ffp-contract=off", "-fopenmp")
 MATRIX_IN_PACKAGE = "vllm_x86/tools/conformance/supported_models.json"
 
 
@@ -94,11 +95,39 @@ def _torch_build_ext():
 
     class BuildKernels(BuildExtension.with_options(use_ninja=False)):
         def run(self):
+            if not self.inplace and self._reuse_inplace_library():
+                return
             try:
                 prereqs.check_compiler()
             except prereqs.Failed as e:
                 sys.exit(f"vllm-x86: cannot build the kernels: {e}")
             super().run()
+            if self.inplace:
+                self._stamp().write_text(self._build_key())
+
+        # A wheel built after `make install` takes the library the editable install built
+        # (same sources, flags and torch; a stamp beside it says which) instead of
+        # compiling it again: `make wheel` then takes seconds, not minutes.
+        def _stamp(self) -> Path:
+            return HERE / "vllm_x86" / "runtime" / "_C.build-key"
+
+        def _build_key(self) -> str:
+            return repr((torch.__version__, sys.version_info[:2], COMPILE_ARGS))
+
+        def _reuse_inplace_library(self) -> bool:
+            ext = self.extensions[0]
+            built = HERE / self.get_ext_filename(ext.name)
+            stamp = self._stamp()
+            if not (built.is_file() and stamp.is_file()) or stamp.read_text() != self._build_key():
+                return False
+            inputs = [HERE / "setup.py", *(HERE / CSRC).iterdir()]
+            if any(p.stat().st_mtime > built.stat().st_mtime for p in inputs):
+                return False
+            dst = Path(self.get_ext_fullpath(ext.name))
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(built, dst)
+            print(f"vllm-x86: kernels taken from {built.relative_to(HERE)} (up to date)")
+            return True
 
     return BuildKernels, CppExtension
 
@@ -111,7 +140,7 @@ if os.environ.get("VLLM_X86_SKIP_KERNELS") != "1":
         CppExtension(
             name="vllm_x86.runtime._C",
             sources=sorted(str(p.relative_to(HERE)) for p in (HERE / CSRC).glob("*.cpp")),
-            extra_compile_args=["-O3", "-g0", "-std=c++17", "-ffp-contract=off", "-fopenmp"],
+            extra_compile_args=list(COMPILE_ARGS),
             extra_link_args=["-fopenmp"],
         )
     )

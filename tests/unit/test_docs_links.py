@@ -51,6 +51,9 @@ CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
 FENCE = re.compile(r"^(```|~~~)")
 SKIP_PREFIX = "docs/bench/"
 NOT_PATHS = {"llama.cpp"}  # names that look like files
+# Files of vLLM's and PyTorch's source repositories that their wheels do not install
+# (the patch ledger names them as what a patch is written against).
+UPSTREAM_SOURCES = {"csrc/cpu/torch_bindings.cpp", "aten/src/ATen/native/native_functions.yaml"}
 
 
 def doc_files() -> list[Path]:
@@ -202,7 +205,7 @@ def check_path(token: str) -> str | None:
     elif (
         PATH_TOKEN.match(token)
         and "*" not in token
-        and token not in NOT_PATHS
+        and token not in NOT_PATHS | UPSTREAM_SOURCES
         and ("/" in token or token.rsplit(".", 1)[-1] in ("py", "cpp", "h"))
     ):
         if not _suffix_exists(token):

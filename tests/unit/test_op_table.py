@@ -110,7 +110,7 @@ def test_fakes_give_the_output_shapes():
         )
         ids = torch.zeros(5, 2, dtype=torch.int64)
         ym = torch.ops.vllm_x86.quant_moe_experts(x, torch.empty(5, 2), ids, "layer")
-    assert tuple(y8.shape) == tuple(y4.shape) == (5, 48)
+    assert tuple(y8.shape) == tuple(y4.shape) == (5, 48) and y8.dtype == torch.bfloat16
     assert tuple(ym.shape) == (5, 128) and ym.dtype == torch.bfloat16
 
 

@@ -642,28 +642,3 @@ def test_cli_quantize_bad_model_exits_with_a_sentence(tmp_path):
     assert r.returncode == 1
     assert "does not exist. Give a model directory" in r.stderr
     assert "Traceback" not in r.stderr
-
-
-@needs_quant_kernels
-def test_quantized_gemms_have_fake_implementations():
-    """torch.compile traces the quantized Linear methods through the ops' fakes."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    m.check_plugin_kernels()
-    from vllm_x86.runtime.ops import kernels
-
-    kernels.ops()
-    with FakeTensorMode():
-        x = torch.empty(5, 128, dtype=torch.bfloat16)
-        y8 = torch.ops.vllm_x86.int8_w8a16_gemm(
-            x, torch.empty(3, 128 * 16, dtype=torch.int8), torch.empty(48), None
-        )
-        y4 = torch.ops.vllm_x86.int4_w4a16_gemm(
-            x,
-            torch.empty(3, 128 * 8, dtype=torch.uint8),
-            torch.empty(3, 32),
-            torch.empty(3, 32, dtype=torch.uint8),
-            64,
-            None,
-        )
-    assert y8.shape == (5, 48) and y4.shape == (5, 48) and y8.dtype == torch.bfloat16
