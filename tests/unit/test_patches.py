@@ -299,3 +299,46 @@ def test_no_processor_possible_follows_autoprocessor(default_model, tmp_path):
         (d / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
 
     assert not no_processor_possible(variant("vl", multimodal_config), False)
+
+
+def test_api_key_guards_every_route_but_the_public_ones():
+    """With a key, vLLM's middleware (patched) refuses every path but the probes, metrics
+    and the API description; without the key vLLM adds no middleware at all."""
+    from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+
+    from vllm_x86.runtime.patches import api_auth
+
+    original = AuthenticationMiddleware.__call__
+    api_auth.apply()
+    api_auth.apply()  # idempotent
+    try:
+        _check_guard(AuthenticationMiddleware, api_auth)
+    finally:  # the ledger's check reads the installed method in this process
+        AuthenticationMiddleware.__call__ = original
+
+
+def _check_guard(AuthenticationMiddleware, api_auth):  # noqa: N803
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    async def ok(request):
+        return PlainTextResponse("served")
+
+    paths = ["/v1/models", "/invocations", "/tokenize", "/detokenize", "/scale_elastic_ep",
+             "/health", "/ping", "/version", "/metrics", "/load", "/openapi.json"]  # fmt: skip
+    app = Starlette(routes=[Route(p, ok, methods=["GET", "POST"]) for p in paths])
+    app.add_middleware(AuthenticationMiddleware, tokens=["s3cret"])
+    client = TestClient(app)
+    for p in paths:
+        r = client.post(p)
+        if api_auth.is_public(p):
+            assert (r.status_code, r.text) == (200, "served"), p
+        else:
+            assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}, p
+            r = client.post(p, headers={"Authorization": "Bearer s3cret"})
+            assert (r.status_code, r.text) == (200, "served"), p
+            assert client.post(p, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert client.get("/health/").status_code != 401  # a trailing slash is still public
+    assert client.options("/invocations").status_code != 401  # CORS preflight, as vLLM

@@ -19,6 +19,8 @@ module each, its docstring the full story:
 - ``tied_embedding_gemm``: one prepared GEMM for a weight that tied layers share;
 - ``triton_allocator``: ``no_triton_allocator``, used by ops/gdn.py around one
   constructor;
+- ``api_auth``: with an API key, vLLM's server asks for it on every route but the
+  probes, metrics and the API description;
 - ``model_inspection``: ``inspect_models_in_process``, applied by the conformance
   suite's worker to itself.
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 from vllm_x86.runtime.patches import (
     aot_finalize_loading,
+    api_auth,
     frontend_warmup,
     qwen2_vl_torchvision,
     tied_embedding_gemm,
@@ -52,4 +55,5 @@ def apply_all() -> None:
     qwen2_vl_torchvision.apply()  # first: before anything imports the model files
     aot_finalize_loading.apply()
     frontend_warmup.apply()
+    api_auth.apply()
     tied_embedding_gemm.apply()

@@ -289,6 +289,36 @@ LEDGER: tuple[Patch, ...] = (
         removed_by="a vLLM option to inspect models in-process on platforms without CUDA",
         tests=("tests/unit/test_patches.py::test_model_inspection_runs_in_process",),
     ),
+    Patch(
+        name="api_key_guards_every_route",
+        kind="monkey-patch",
+        what="AuthenticationMiddleware.__call__ asks for the API key on every path but "
+        "a public list (health, ping, version, metrics, load, the API description), "
+        "instead of on /v1, /v2, /inference and /cohere only",
+        why="with --api-key set, vLLM's POST /invocations generated answers, /tokenize "
+        "and /detokenize answered and the elastic-EP routes were reachable without the key",
+        symbols=(
+            Symbol(
+                "vllm.entrypoints.serve.middleware.authenticate:AuthenticationMiddleware.__call__",
+                "self scope receive send",
+                fingerprint="29ee3cbc47221c2f",
+            ),
+            Symbol(
+                "vllm.entrypoints.serve.middleware.authenticate:"
+                "AuthenticationMiddleware.verify_token",
+                "self headers",
+            ),
+        ),
+        site=("vllm_x86.runtime.patches.api_auth",),
+        vllm_file="vllm/entrypoints/serve/middleware/authenticate.py",
+        written_against=_VLLM,
+        removed_by="vLLM guarding every route but an allow-list (or at least /invocations, "
+        "/tokenize, /detokenize and the elastic-EP routes)",
+        tests=(
+            "tests/unit/test_patches.py::test_api_key_guards_every_route_but_the_public_ones",
+            "tests/e2e/test_exposure.py::test_with_a_key_the_api_refuses_requests_without_it",
+        ),
+    ),
     # --------------------------------------------------- worker, start-up, platform
     Patch(
         name="x86_worker_constructor",
