@@ -20,20 +20,34 @@ checked; one whose files changed, vanished or do not hash as recorded is moved a
 to ``<key>/quarantine/`` (kept for inspection, the last few only) and vLLM compiles it
 again. Directories without a manifest (a start that did not finish) are left to
 vLLM, which recompiles when the artifact does not load.
+
+Writes: manifests and key.json go to a temporary name (``<name>.<pid>.tmp``) and are renamed,
+as vLLM saves its artifact (``model.<pid>.tmp``) and Inductor its files; the start's
+check removes such temporary files whose writer is gone (one log line) and manifests
+never record them. A cache that is read-only, not writable or short of space (under
+COMPILE_NEEDS free) is not a reason to fail a start: the plugin logs a warning and
+this start compiles into a temporary directory, removed when it exits (uncached; the
+next start compiles again). Only where no temporary directory can take a compile either
+does compiling fail (staged warm-up then keeps serving eagerly; --enforce-eager avoids
+compiling).
 """
 
 from __future__ import annotations
 
+import atexit
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from vllm_x86._version import __version__
-from vllm_x86.runtime import envs
+from vllm_x86.runtime import diskfaults, envs
 from vllm_x86.runtime.log import get_logger
 
 logger = get_logger("compile_cache")
@@ -49,6 +63,14 @@ CHECKED_ENV = "VLLM_X86_COMPILE_CACHE_CHECKED"
 # start's own (vLLM compiling again over an artifact it could not load, e.g. after a
 # source change), so seal records them anew instead of leaving a stale manifest.
 CHECKED_AT_ENV = "VLLM_X86_COMPILE_CACHE_CHECKED_AT"
+# Free space below which the cache is not used for a start: a compiled model of the
+# catalog's models takes 2-7 MB (its Inductor sources and objects and vLLM's artifact),
+# with room for Inductor's build files beside it.
+COMPILE_NEEDS = 32 * 10**6
+# Temporary files of a write that renames when done: vLLM's artifact (model.<pid>.tmp),
+# the plugin's manifests (vllm-x86-manifest.json.<pid>.tmp), Inductor's (.<pid>.<tid>.tmp).
+_TMP_WRITERS = (re.compile(r"^\.(\d+)\.\d+\.tmp$"), re.compile(r"\.(\d+)\.tmp$"))
+TEMP_ROOT_PREFIX = "vllm-x86-compile-"
 
 
 def key_factors() -> dict[str, str]:
@@ -100,7 +122,57 @@ def _entries(root: Path) -> list[Path]:
 
 
 def _files(entry: Path) -> list[Path]:
-    return sorted(p for p in entry.rglob("*") if p.is_file() and p.name != MANIFEST)
+    """The artifact's files: not its manifest, nor a write's temporary file."""
+    return sorted(
+        p
+        for p in entry.rglob("*")
+        if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")
+    )
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
+
+
+def _writer_gone(name: str) -> bool:
+    """A temporary file whose writer (the pid in its name) no longer runs."""
+    for pattern in _TMP_WRITERS:
+        m = pattern.search(name)
+        if m:
+            return not _alive(int(m[1]))
+    return False
+
+
+def remove_stale_temp_files(root: Path) -> list[str]:
+    """Remove the temporary files of writes whose process is gone (a start killed or
+    out of space while writing); the names removed, logged in one line."""
+    found = [p for p in root.glob("*.tmp") if _writer_gone(p.name)]
+    for entry in _entries(root):
+        found += [p for p in entry.rglob("*.tmp") if p.is_file() and _writer_gone(p.name)]
+    names, freed = diskfaults.remove(found)
+    if names:
+        logger.info(
+            "vllm-x86: compile cache: %s",
+            diskfaults.leftover_note(
+                f"{len(names)} temporary file(s) of interrupted writes", names, freed, root
+            ),
+        )
+    return names
 
 
 def check_entry(entry: Path) -> str | None:
@@ -131,7 +203,10 @@ def quarantine(root: Path, entry: Path, reason: str) -> Path:
     q.mkdir(parents=True, exist_ok=True)
     dest = q / f"{entry.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     shutil.move(str(entry), str(dest))
-    (dest / "quarantine-reason.txt").write_text(reason + "\n")
+    try:
+        (dest / "quarantine-reason.txt").write_text(reason + "\n")
+    except OSError:  # a full disk: the entry is out of vLLM's way all the same
+        pass
     old = sorted(q.iterdir(), key=lambda p: p.stat().st_mtime)
     for p in old[:-KEEP_QUARANTINED]:
         shutil.rmtree(p, ignore_errors=True)
@@ -176,9 +251,7 @@ def seal(root: Path, model: str | None = None, written_since: float | None = Non
         if not files:
             continue
         data = {"model": model, "sealed_at": time.time(), "files": files}
-        tmp = entry / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, entry / MANIFEST)
+        _write_atomic(entry / MANIFEST, json.dumps(data, indent=1))
         n += 1
     return n
 
@@ -203,12 +276,35 @@ def apply(vllm_config) -> Path | None:
         return None
     factors = key_factors()
     root = cache_root(factors)
-    root.mkdir(parents=True, exist_ok=True)
-    key_file = root / "key.json"
-    if not key_file.exists():
-        key_file.write_text(json.dumps(factors, indent=1, sort_keys=True))
     t0 = time.perf_counter()
-    moved = check(root)
+    try:
+        moved = _prepare(root, factors)
+    except OSError as e:
+        why = diskfaults.sentence(
+            e,
+            root,
+            f"a compile needs about {diskfaults.mb(COMPILE_NEEDS)}",
+            "set VLLM_X86_CACHE_DIR to a writable directory with room",
+        ) or (f"{root}: {e}")
+        os.environ[CHECKED_ENV] = ""  # the engine processes: no cache to check or seal
+        tmp = _temporary_root()
+        if tmp is None:
+            logger.warning(
+                "vllm-x86: compile cache not used: %s; no temporary directory in %s can "
+                "take a compile either, so compiling will fail (--enforce-eager serves "
+                "without compiling)",
+                why,
+                tempfile.gettempdir(),
+            )
+            return None
+        os.environ["VLLM_CACHE_ROOT"] = str(tmp)
+        logger.warning(
+            "vllm-x86: compile cache not used: %s; this start compiles into %s, removed "
+            "when it exits (the next start compiles again)",
+            why,
+            tmp,
+        )
+        return None
     os.environ["VLLM_CACHE_ROOT"] = str(root)
     os.environ[CHECKED_ENV] = str(root)
     os.environ[CHECKED_AT_ENV] = repr(time.time())
@@ -221,6 +317,45 @@ def apply(vllm_config) -> Path | None:
         f", {len(moved)} damaged moved aside" if moved else "",
     )
     return root
+
+
+def _prepare(root: Path, factors: dict[str, str]) -> list[tuple[str, str]]:
+    """Make the keyed directory, check it, and raise OSError when it cannot take a
+    compile (not writable, or under COMPILE_NEEDS free)."""
+    root.mkdir(parents=True, exist_ok=True)
+    if not os.access(root, os.W_OK):  # root too: a read-only mount
+        ro = os.statvfs(root).f_flag & os.ST_RDONLY
+        code = errno.EROFS if ro else errno.EACCES
+        raise OSError(code, os.strerror(code), str(root))
+    key_file = root / "key.json"
+    if not key_file.exists():
+        _write_atomic(key_file, json.dumps(factors, indent=1, sort_keys=True))
+    remove_stale_temp_files(root)
+    moved = check(root)
+    free = diskfaults.free_bytes(root)
+    if free is not None and free < COMPILE_NEEDS:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(root))
+    return moved
+
+
+def _temporary_root() -> Path | None:
+    """A directory for this start's compile, removed at exit (and, when a start was
+    killed, by the next start that needs one); None when none can take a compile."""
+    base = Path(tempfile.gettempdir())
+    for old in base.glob(TEMP_ROOT_PREFIX + "*"):
+        pid = old.name[len(TEMP_ROOT_PREFIX) :].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TEMP_ROOT_PREFIX}{os.getpid()}-", dir=base))
+    except OSError:
+        return None
+    free = diskfaults.free_bytes(tmp)
+    if free is not None and free < COMPILE_NEEDS:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return None
+    atexit.register(shutil.rmtree, tmp, True)
+    return tmp
 
 
 def seal_after_warmup(vllm_config) -> None:
@@ -236,7 +371,11 @@ def seal_after_warmup(vllm_config) -> None:
             float(since) if since else None,
         )
     except OSError as e:  # a cache we cannot write is not worth failing a start for
-        logger.warning("vllm-x86: could not write the compile cache manifest: %s", e)
+        logger.warning(
+            "vllm-x86: could not record the compiled model in the compile cache's "
+            "manifest (%s); it stays unrecorded, checked by vLLM only",
+            diskfaults.sentence(e, root, None, "set VLLM_X86_CACHE_DIR to another disk") or e,
+        )
         return
     if n:
         logger.info("vllm-x86: compile cache: %d new artifact(s) recorded in %s", n, root)

