@@ -32,15 +32,23 @@ class TinyServer:
         self.base = f"http://127.0.0.1:{self.port}"
         self.t0 = time.monotonic()
         deadline = self.t0 + 600
-        while True:
-            assert self.proc.poll() is None, self.log()[-4000:]
+        try:
+            while True:
+                assert self.proc.poll() is None, self.log()[-4000:]
+                try:
+                    if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, self.log()[-4000:]
+                time.sleep(0.2)
+        except BaseException:  # not ready: leave no server behind for the next test
             try:
-                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
                 pass
-            assert time.monotonic() < deadline, self.log()[-4000:]
-            time.sleep(0.2)
+            self.proc.wait()
+            raise
         self.ready_s = time.monotonic() - self.t0
 
     def log(self) -> str:
