@@ -1,11 +1,14 @@
-"""The standby daemon for real: a separate process, driven through the CLI and over HTTP.
+"""The standby daemon for real: a separate process, driven through the CLI and its socket.
 
-One daemon (its own directory, a free control port) serves the whole module, in order:
-start; `vllm-x86 serve` hands the default model to it; a second model replaces it on the
-same port; a missing path and a corrupt checkpoint are refused with clear errors while the
-daemon stays usable; greedy float32 output from the daemon equals a cold `vllm-x86 serve`
-and stock vLLM CPU's server; stop leaves no process, pid file or listening port behind.
-Every server is eager with a 512-token context, so the module takes a few minutes.
+One daemon (its own directory) serves the whole module, in order: start; `vllm-x86 serve
+--detach` hands the default model to it; a second model replaces it on the same port; a
+missing path and a corrupt checkpoint are refused with clear errors while the daemon stays
+usable; greedy float32 output from the daemon equals a cold `vllm-x86 serve` and stock
+vLLM CPU's server; `vllm-x86 serve` without --detach stays attached (the model server's
+log on its stderr; Ctrl-C or SIGTERM stops that model server, a replacement ends it with a
+sentence); `vllm-x86 demo` runs with the daemon; stop leaves no process, pid file,
+socket or listening port behind. Every server is eager with a 512-token context, so the
+module takes a few minutes. Owner-only access and faults: test_daemon_access_and_faults.py.
 """
 
 from __future__ import annotations
@@ -94,19 +97,20 @@ def daemon(default_model, tmp_path_factory):
 
 def _serve(d, *args, extra=()):
     t0 = time.monotonic()
-    r = _cli(d["env"], "serve", *args, "--port", str(d["port"]), *FLAGS, *extra)
+    r = _cli(d["env"], "serve", *args, "--port", str(d["port"]), *FLAGS, *extra, "--detach")
     st = client.running(d["files"])
     if st and st["server"] and st["server"]["pid"]:
         d["groups"].add(st["server"]["pid"])
     return r, time.monotonic() - t0, st
 
 
-def test_daemon_is_a_separate_process_with_pid_file_and_loopback_control(daemon):
+def test_daemon_is_a_separate_process_with_pid_file_and_socket_control(daemon):
     f = daemon["files"]
     assert paths.read_pid(f) == daemon["pid"] != os.getpid()
     assert paths.is_daemon_process(daemon["pid"])
     r = _cli(daemon["env"], "daemon", "status")
     assert r.returncode == 0 and f"pid {daemon['pid']}" in r.stdout, r.stdout
+    assert f"control {f.socket} (owner only)" in r.stdout
     assert "X86Platform" in r.stdout
     st = json.loads(_cli(daemon["env"], "daemon", "status", "--json").stdout)
     assert st["server"] is None and st["warm_s"] > 0
@@ -155,7 +159,7 @@ def test_missing_model_path_is_a_clear_error_and_the_daemon_keeps_serving(daemon
     assert r.returncode == 1
     assert "model path '/no/such/model' does not exist" in r.stderr
     # the same through the control API directly
-    code, out = client.request(st["port"], "POST", "/serve", {"model": "/no/such/model"})
+    code, out = client.request(daemon["files"], "POST", "/serve", {"model": "/no/such/model"})
     assert code == 400 and "does not exist" in out["error"]
     assert client.running(daemon["files"])["server"]["state"] == "ready"  # tiny still serves
     assert _models(f"http://127.0.0.1:{daemon['port']}") == ["tiny"]
@@ -228,8 +232,7 @@ def test_greedy_output_equals_cold_and_stock_servers(daemon, default_model):
         _greedy_chat(base, "smollm2-135m-instruct-q4_1"),
     )
     # one engine at a time on the machine: stop the daemon's server first
-    port = client.running(daemon["files"])["port"]
-    code, _ = client.request(port, "POST", "/stop-model", {}, timeout=120)
+    code, _ = client.request(daemon["files"], "POST", "/stop-model", {}, timeout=120)
     assert code == 200
     cold = _one_server(
         [PYTHON, "-m", "vllm_x86.tools.cli", "serve", "--no-daemon"],
@@ -245,13 +248,116 @@ def test_greedy_output_equals_cold_and_stock_servers(daemon, default_model):
     assert daemon_text == cold == stock, (daemon_text, cold, stock)
 
 
+class Attached:
+    """`vllm-x86 serve` without --detach, in the background: its stderr in a file."""
+
+    count = 0
+
+    def __init__(self, d, tmp_path, *args, name="tiny"):
+        Attached.count += 1
+        self.err = tmp_path / f"serve-{Attached.count}-{name}.err"
+        # the order of _serve's command line: the same flags are the same server
+        cmd = [PYTHON, "-m", "vllm_x86.tools.cli", "serve", *args, "--port", str(d["port"]),
+               *FLAGS, "--served-model-name", name]  # fmt: skip
+        with open(self.err, "w") as err:
+            self.proc = subprocess.Popen(
+                cmd, env=d["env"], stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+            )
+        self.d = d
+
+    def text(self) -> str:
+        return self.err.read_text(errors="replace")
+
+    def wait_for(self, fragment: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while fragment not in self.text():
+            assert self.proc.poll() is None, self.text()[-3000:]
+            assert time.monotonic() < deadline, self.text()[-3000:]
+            time.sleep(0.2)
+        st = client.running(self.d["files"])
+        if st and st["server"] and st["server"]["pid"]:
+            self.d["groups"].add(st["server"]["pid"])
+
+    def wait(self, timeout: float = 120) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+READY = "Ctrl-C stops this model server; the daemon stays warm."
+
+
+def test_serve_stays_attached_and_ctrl_c_stops_only_its_model_server(daemon, tmp_path):
+    from vllm_x86.tools.bench.synthetic import build
+
+    a = Attached(daemon, tmp_path, str(build("tiny-llama")))
+    a.wait_for(READY)
+    err = a.text()
+    # the model server's own log, from its first line, on serve's stderr
+    assert "$ vllm-x86 serve (daemon) --model" in err and "Application startup complete" in err
+    srv = client.running(daemon["files"])["server"]
+    assert srv["state"] == "ready"
+    assert _models(f"http://127.0.0.1:{daemon['port']}") == ["tiny"]
+    assert a.proc.poll() is None  # still attached while the model serves
+    os.killpg(a.proc.pid, signal.SIGINT)
+    assert a.wait() == 0, a.text()[-3000:]
+    assert f"SIGINT: stopping model server {srv['seq']}" in a.text()
+    assert f"model server {srv['seq']} stopped" in a.text()
+    st = client.running(daemon["files"])  # the daemon stays, its model server is gone
+    assert st["pid"] == daemon["pid"] and st["server"]["state"] == "stopped"
+    assert not paths.group_members(srv["pid"])
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", daemon["port"])) != 0
+
+
+def test_a_replacement_ends_the_attached_serve_and_sigterm_stops_the_new_one(daemon, tmp_path):
+    from vllm_x86.tools.bench.synthetic import build
+
+    tiny = str(build("tiny-llama"))
+    first = Attached(daemon, tmp_path, tiny, name="first")
+    first.wait_for(READY)
+    seq = client.running(daemon["files"])["server"]["seq"]
+    r, _, st = _serve(daemon, tiny, extra=("--served-model-name", "second"))  # --detach
+    assert r.returncode == 0, r.stderr
+    assert "keeps serving after this command returns (--detach)" in r.stderr
+    assert first.wait() == 1
+    assert f"another request replaced model server {seq} ({tiny})" in first.text()
+    assert st["server"]["seq"] == seq + 1 and st["server"]["state"] == "ready"
+    # attaching to the server that runs already: its log from now on, SIGTERM stops it
+    again = Attached(daemon, tmp_path, tiny, name="second")
+    again.wait_for(READY, timeout=60)
+    assert "already serving this model" in again.text()
+    assert "Application startup complete" not in again.text()
+    assert client.running(daemon["files"])["server"]["seq"] == seq + 1
+    os.killpg(again.proc.pid, signal.SIGTERM)
+    assert again.wait() == 0, again.text()[-3000:]
+    assert "SIGTERM: stopping model server" in again.text()
+    assert client.running(daemon["files"])["server"]["state"] == "stopped"
+
+
+def test_demo_runs_with_the_daemon_and_leaves_it_warm(daemon):
+    r = _cli(daemon["env"], "demo", "--max-tokens", "16", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "A: The capital of France is Paris." in r.stdout, r.stdout
+    assert f"the standby daemon (pid {daemon['pid']}) serves it" in r.stderr
+    assert "4/4 stop the server" in r.stderr and "Traceback" not in r.stderr
+    st = client.running(daemon["files"])
+    assert st["pid"] == daemon["pid"] and st["server"]["state"] == "stopped"
+    port = int(re.search(r"start the server on http://127\.0\.0\.1:(\d+)", r.stderr).group(1))
+    assert st["server"]["port"] == port
+    with socket.socket() as s:  # the demo's model server is gone
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
 def test_stop_leaves_nothing_behind(daemon):
     f = daemon["files"]
     groups = set(daemon["groups"])
     r = _cli(daemon["env"], "daemon", "stop", timeout=120)
     assert r.returncode == 0, r.stderr
     assert "daemon stopped" in r.stderr
-    assert not f.pid.exists() and not f.state.exists()
+    assert not f.pid.exists() and not f.state.exists() and not f.socket.exists()
     assert not paths.is_daemon_process(daemon["pid"])
     for pg in groups | {daemon["pid"]}:
         left = paths.group_members(pg)
@@ -285,7 +391,7 @@ def test_start_with_a_model_preloads_it_and_serve_then_answers_at_once(tmp_path)
         assert st["server"]["state"] == "ready" and st["server"]["seq"] == 1
         assert _models(f"http://127.0.0.1:{port}") == ["tiny"]
         # the same model and flags: the preloaded server, not a new one
-        r = _cli(env, "serve", *args)
+        r = _cli(env, "serve", *args, "--detach")
         assert r.returncode == 0, r.stderr
         assert "already serving this model" in r.stderr
         assert client.running(f)["server"]["seq"] == 1

@@ -1,5 +1,6 @@
-"""The standby daemon's control plane without vLLM: files, liveness, the control API's
-answers to bad requests, shutdown, and reading a failed server's error from its log.
+"""The standby daemon's control plane without vLLM: files and their modes, liveness, the
+Unix socket and its key, the optional TCP listener's rule, the control API's answers to
+bad requests, shutdown, and reading a failed server's error from its log.
 
 The daemon process here skips its warm-up (no torch or vLLM import), so these tests take
 about a second; tests/e2e/test_daemon.py runs the real thing with models.
@@ -7,7 +8,10 @@ about a second; tests/e2e/test_daemon.py runs the real thing with models.
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -15,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PYTHON, clean_env
-from vllm_x86.tools.daemon import client, paths
+from vllm_x86.tools.daemon import access, client, paths
 from vllm_x86.tools.daemon.server import error_from_log
 
 # The daemon process of these tests: the real one, minus the imports.
@@ -31,30 +35,44 @@ def daemon_dir(tmp_path):
     return paths.files(tmp_path / "daemon")
 
 
-@pytest.fixture
-def light_daemon(daemon_dir):
-    daemon_dir.root.mkdir(parents=True)
-    log = open(daemon_dir.log, "w")
+def _start_light(f: paths.DaemonFiles, *args: str, key: str | None = None, code: str = ""):
+    f.root.mkdir(parents=True, exist_ok=True)
+    log = open(f.log, "w")
+    env = clean_env()
+    env.pop("VLLM_API_KEY", None)
+    if key:
+        env["VLLM_API_KEY"] = key
     # "vllm_x86.tools.daemon" must be on the command line: that is how a daemon is recognised
     proc = subprocess.Popen(
-        [PYTHON, "-c", NO_WARMUP, "--dir", str(daemon_dir.root), "--port", "0"],
+        [PYTHON, "-c", code + NO_WARMUP, "--dir", str(f.root), *args],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=clean_env(),
+        env=env,
         start_new_session=True,
     )
+    log.close()
     deadline = time.monotonic() + 30
+    while paths.read_state(f) is None:
+        assert proc.poll() is None, f.log.read_text()
+        assert time.monotonic() < deadline, f.log.read_text()
+        time.sleep(0.05)
+    return proc
+
+
+def _end(proc) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def light_daemon(daemon_dir, monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    proc = _start_light(daemon_dir)
     try:
-        while client.running(daemon_dir) is None:
-            assert proc.poll() is None, daemon_dir.log.read_text()
-            assert time.monotonic() < deadline, daemon_dir.log.read_text()
-            time.sleep(0.05)
         yield daemon_dir, proc
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
+        _end(proc)
 
 
 def test_no_daemon_means_none(daemon_dir):
@@ -79,23 +97,75 @@ def test_pid_of_a_daemon_is_recognised(light_daemon):
     assert st["pid"] == proc.pid and st["server"] is None and st["dir"] == str(f.root)
 
 
-def _port(f) -> int:
-    return paths.read_state(f)["port"]
+def test_the_daemon_is_its_owners_only(light_daemon):
+    """Directory 0700; pid, state and socket 0600; the state names the socket, no port."""
+    f, _ = light_daemon
+    assert stat.S_IMODE(os.stat(f.root).st_mode) == 0o700
+    for p in (f.pid, f.state, f.socket):
+        st = os.stat(p)
+        assert stat.S_IMODE(st.st_mode) == 0o600, (p, oct(st.st_mode))
+        assert st.st_uid == os.geteuid()
+    assert stat.S_ISSOCK(os.stat(f.socket).st_mode)
+    state = paths.read_state(f)
+    assert state["socket"] == str(f.socket) and state["tcp"] is None and not state["keyed"]
+
+
+def test_an_existing_directory_is_made_private_and_another_users_is_refused(tmp_path):
+    f = paths.files(tmp_path / "d")
+    f.root.mkdir(mode=0o755)
+    os.chmod(f.root, 0o755)
+    old_log = f.model_log(1)
+    old_log.write_text("an older version's log\n")
+    os.chmod(old_log, 0o644)
+    paths.private_dir(f)
+    assert stat.S_IMODE(os.stat(f.root).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(old_log).st_mode) == 0o600
+    if os.geteuid() != 0:
+        pytest.skip("giving the directory to another user needs root")
+    os.chown(f.root, 65534, 65534)
+    with pytest.raises(paths.DaemonError, match="belongs to uid 65534, not to you"):
+        paths.private_dir(f)
+
+
+def _raw(f: paths.DaemonFiles, data: bytes) -> tuple[int, dict]:
+    """Send raw bytes on the daemon's socket: (HTTP status, JSON body)."""
+    with socket.socket(socket.AF_UNIX) as s, paths.socket_address(f.socket) as addr:
+        s.settimeout(15)
+        s.connect(addr)
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/"):  # http.server answers a garbled request line bare
+        return 400, json.loads(head)
+    return int(head.split()[1]), json.loads(body)
 
 
 @pytest.mark.parametrize(
     "body, fragment",
     [
-        ({"model": "/no/such/model/dir"}, "does not exist"),
+        ({"model": "/no/such/model/dir"}, "model path '/no/such/model/dir' does not exist"),
+        ({"model": "no-such-model"}, "unknown model 'no-such-model': no catalog name"),
         ({"model": 3}, "'model' must be a string"),
-        ({"args": "--enforce-eager"}, "'args' must be a list"),
-        ({"env": {"PATH": "/x"}}, "VLLM_* settings only"),
+        ({"model": ["a"]}, "'model' must be a string"),
+        ({"args": "--enforce-eager"}, "'args' must be a list of strings"),
+        ({"args": ["--port", 8000]}, "'args' must be a list of strings"),
+        ({"env": ["VLLM_X86_THREADS=2"]}, "'env' must map names to strings"),
+        ({"env": {"VLLM_X86_THREADS": 2}}, "'env' must map names to strings"),
+        ({"env": {"PATH": "/x"}}, "the daemon does not pass PATH to a model server"),
+        (
+            {"env": {"VLLM_PLUGINS": "x", "LD_PRELOAD": "y"}},
+            "does not pass LD_PRELOAD, VLLM_PLUGINS",
+        ),
         ({"env": {"VLLM_X86_DISABLE": "1"}}, "VLLM_X86_DISABLE=1"),
+        ({"modle": "x"}, "unknown field(s) 'modle'"),
     ],
 )
 def test_bad_serve_requests_are_400_with_a_message(light_daemon, body, fragment):
     f, proc = light_daemon
-    code, out = client.request(_port(f), "POST", "/serve", body)
+    code, out = client.request(f, "POST", "/serve", body)
     assert code == 400 and fragment in out["error"], out
     assert client.running(f)["server"] is None  # nothing started, still answering
 
@@ -103,29 +173,180 @@ def test_bad_serve_requests_are_400_with_a_message(light_daemon, body, fragment)
 def test_a_directory_without_config_is_refused(light_daemon, tmp_path):
     f, _ = light_daemon
     (tmp_path / "notamodel").mkdir()
-    code, out = client.request(_port(f), "POST", "/serve", {"model": str(tmp_path / "notamodel")})
+    code, out = client.request(f, "POST", "/serve", {"model": str(tmp_path / "notamodel")})
     assert code == 400 and "no config.json" in out["error"]
 
 
-def test_malformed_json_and_unknown_paths(light_daemon):
-    import http.client
-
+@pytest.mark.parametrize(
+    "data, code, fragment",
+    [
+        (b'POST /serve HTTP/1.0\r\nContent-Length: 10\r\n\r\n{"model": ', 400, "not JSON"),
+        (b"POST /serve HTTP/1.0\r\nContent-Length: 2\r\n\r\n[]", 400, "a JSON object"),
+        (b"POST /serve HTTP/1.0\r\nContent-Length: x\r\n\r\n", 400, "not a byte count"),
+        (b"POST /serve HTTP/1.0\r\nContent-Length: 99999999\r\n\r\n", 413, "at most"),
+        (b"POST /stop-model HTTP/1.0\r\nContent-Length: 13\r\n\r\n{\"seq\": \"a\"}", 400,
+         "'seq' must be"),
+        (b"GET /nope HTTP/1.0\r\n\r\n", 404, "no such endpoint: GET /nope"),
+        (b"POST /nope HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}", 404, "no such endpoint"),
+        (b"DELETE /serve HTTP/1.0\r\n\r\n", 405, "not a method of this API"),
+        (b"BREW /coffee HTTP/1.0\r\n\r\n", 501, "Unsupported method"),
+        (b"garbage\r\n\r\n", 400, "Bad request"),
+    ],
+)  # fmt: skip
+def test_malformed_requests_get_a_4xx_and_the_daemon_keeps_serving(
+    light_daemon, data, code, fragment
+):
     f, _ = light_daemon
-    conn = http.client.HTTPConnection("127.0.0.1", _port(f), timeout=5)
-    conn.request("POST", "/serve", body=b'{"model": ', headers={"Content-Length": "10"})
-    r = conn.getresponse()
-    assert r.status == 400 and b"not JSON" in r.read()
-    conn.close()
-    assert client.request(_port(f), "GET", "/nope")[0] == 404
-    assert client.request(_port(f), "POST", "/nope", {})[0] == 404
-    assert client.running(f) is not None
+    got, out = _raw(f, data)
+    assert got == code and fragment in out["error"], (got, out)
+    assert client.request(f, "GET", "/status")[0] == 200
+
+
+def test_a_stalled_client_does_not_hold_the_daemon(daemon_dir, monkeypatch):
+    """A connection that never finishes its request is dropped after the handler's
+    timeout (REQUEST_TIMEOUT_S, 1 s here), and the next request is answered."""
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    proc = _start_light(
+        daemon_dir, code="from vllm_x86.tools.daemon import server; server._Handler.timeout = 1; "
+    )
+    try:
+        with socket.socket(socket.AF_UNIX) as s, paths.socket_address(daemon_dir.socket) as addr:
+            s.connect(addr)
+            s.sendall(b"POST /serve HTTP/1.0\r\nContent-Length: 100\r\n\r\n{")  # no more
+            t0 = time.monotonic()
+            code, _ = client.request(daemon_dir, "GET", "/status", timeout=30)
+            assert code == 200 and time.monotonic() - t0 < 10
+    finally:
+        _end(proc)
+
+
+def test_stop_model_names_the_server_it_means(light_daemon):
+    f, _ = light_daemon
+    code, out = client.request(f, "POST", "/stop-model", {"seq": 4})
+    assert code == 409 and "model server 4 is not the daemon's current one" in out["error"]
+    assert client.request(f, "POST", "/stop-model", {}) == (200, {"server": None})
+
+
+def test_a_socket_path_longer_than_sun_path_works(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    f = paths.files(tmp_path / ("d" * 120))
+    assert len(str(f.socket)) > paths.SUN_PATH_MAX
+    proc = _start_light(f)
+    try:
+        st = client.running(f)
+        assert st is not None and st["socket"] == str(f.socket)
+        assert stat.S_ISSOCK(os.stat(f.socket).st_mode)
+    finally:
+        _end(proc)
+
+
+# ----------------------------------------------------------------------------- the key
+
+
+@pytest.fixture
+def keyed_daemon(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    f = paths.files(tmp_path / "keyed")
+    proc = _start_light(f, "--host", "127.0.0.1", "--port", "0", key="s3cret")
+    try:
+        yield f, proc
+    finally:
+        _end(proc)
+
+
+def test_with_a_key_every_request_needs_it_on_the_socket_and_tcp(keyed_daemon, monkeypatch):
+    f, _ = keyed_daemon
+    state = paths.read_state(f)
+    assert state["keyed"] and state["tcp"].startswith("http://127.0.0.1:")
+    port = int(state["tcp"].rsplit(":", 1)[1])
+    for where in (f, port):
+        for key in (None, "wrong"):
+            code, out = client.request(where, "GET", "/status", key=key)
+            assert code == 401 and "this standby daemon has a key" in out["error"], out
+            code, out = client.request(where, "POST", "/serve", {"model": "/x"}, key=key)
+            assert code == 401, out  # refused before the request is looked at
+        code, out = client.request(where, "GET", "/status", key="s3cret")
+        assert code == 200 and out["keyed"] and out["tcp"] == state["tcp"]
+    with pytest.raises(client.DaemonError, match="set it to the key the daemon was started with"):
+        client.running(f)
+    monkeypatch.setenv("VLLM_API_KEY", "s3cret")  # what the CLI sends
+    assert client.running(f)["pid"] == state["pid"]
+
+
+@pytest.mark.parametrize(
+    "args, key, fragment",
+    [
+        (["--host", "0.0.0.0"], None, "will not listen on 0.0.0.0 (every network interface), "
+         "port 0 without a key"),
+        (["--port", "8123"], None, "any local user"),
+        (["--host", "127.0.0.1", "--port", "8123"], None, "owner-only channel"),
+    ],
+)  # fmt: skip
+def test_tcp_without_a_key_is_refused_before_anything_starts(tmp_path, args, key, fragment):
+    env = clean_env(VLLM_X86_DAEMON_DIR=str(tmp_path / "d"))
+    env.pop("VLLM_API_KEY", None)
+    r = subprocess.run(
+        [PYTHON, "-m", "vllm_x86.tools.cli", "daemon", "start", *args],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 1 and fragment in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "d" / "daemon.pid").exists()
+
+
+def test_the_daemon_process_itself_refuses_tcp_without_a_key(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    f = paths.files(tmp_path / "d")
+    f.root.mkdir()
+    r = subprocess.run(
+        [PYTHON, "-c", NO_WARMUP, "--dir", str(f.root), "--host", "0.0.0.0"],
+        env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "will not listen on 0.0.0.0" in r.stderr
+    assert not f.pid.exists() and not f.socket.exists() and not f.state.exists()
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def test_the_environment_a_model_server_takes():
+    assert {"VLLM_X86_THREADS", "VLLM_X86_KV_CACHE_GIB", "VLLM_API_KEY",
+            "VLLM_CPU_KVCACHE_SPACE", "VLLM_CACHE_ROOT"} <= access.SERVE_ENV  # fmt: skip
+    for name in ("VLLM_PLUGINS", "VLLM_LOGGING_CONFIG_PATH", "VLLM_SERVER_DEV_MODE",
+                 "VLLM_X86_CHOSEN", "VLLM_X86_DAEMON_DIR", "PATH"):  # fmt: skip
+        assert name not in access.SERVE_ENV
+    passed, left = access.split_env(
+        {"VLLM_X86_THREADS": "2", "VLLM_PLUGINS": "x", "VLLM_X86_DAEMON_DIR": "/d", "HOME": "/"}
+    )
+    assert passed == {"VLLM_X86_THREADS": "2"} and left == ["VLLM_PLUGINS"]
+
+
+def test_the_client_sends_the_allowed_names_and_says_which_it_left(monkeypatch, capsys):
+    for k in [k for k in os.environ if k.startswith("VLLM_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("VLLM_X86_KV_CACHE_GIB", "1")
+    monkeypatch.setenv("VLLM_PLUGINS", "x")
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    assert client.serve_env() == {"VLLM_X86_KV_CACHE_GIB": "1"}
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "vllm-x86: not passed to the daemon's model server (not settings it takes, see "
+        "docs/startup.md): VLLM_PLUGINS, VLLM_SERVER_DEV_MODE"
+    ]
+
+
+def test_startup_md_lists_the_names_the_daemon_passes():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "startup.md").read_text()
+    missing = [n for n in access.VLLM_SERVE_ENV + access.NOT_FOR_A_MODEL_SERVER if n not in doc]
+    assert not missing, missing
 
 
 def test_shutdown_removes_the_files_and_the_process(light_daemon):
     f, proc = light_daemon
     assert client.stop(f) is True
     assert proc.wait(timeout=10) == 0
-    assert not f.pid.exists() and not f.state.exists()
+    assert not f.pid.exists() and not f.state.exists() and not f.socket.exists()
     assert client.running(f) is None
 
 
@@ -147,6 +368,17 @@ def test_error_from_log_quotes_the_root_cause(tmp_path):
     usage.write_text("usage: vllm-x86 serve [-h]\n   [--dtype {auto}]\nvllm-x86 serve: error: "
                      "argument --dtype: invalid choice: 'x'\n")  # fmt: skip
     assert error_from_log(usage) == "vllm-x86 serve: error: argument --dtype: invalid choice: 'x'"
+    died = tmp_path / "died.log"
+    died.write_text(
+        "(EngineCore pid=7) ERROR 12-05 08:53:39 [multiproc_executor.py:315] Worker proc "
+        "VllmWorker-0 died unexpectedly (exit code: -9), shutting down executor.\n"
+        "(EngineCore pid=7) ERROR 12-05 08:53:39 [core.py:1512] EngineCore encountered a fatal "
+        "error.\n(APIServer pid=6) RuntimeError: cancelled\n"
+    )
+    assert error_from_log(died) == (
+        "Worker proc VllmWorker-0 died unexpectedly (exit code: -9), shutting down executor. "
+        "... RuntimeError: cancelled"
+    )
     empty = tmp_path / "empty.log"
     empty.write_text("")
     assert "printed nothing" in error_from_log(empty)
@@ -220,8 +452,6 @@ def test_start_with_a_bad_model_fails_before_starting_a_daemon(tmp_path, args, m
 
 
 def test_a_taken_port_is_refused_before_anything_starts(light_daemon, tmp_path):
-    import socket
-
     f, _ = light_daemon
     model = tmp_path / "model"
     model.mkdir()
@@ -231,7 +461,95 @@ def test_a_taken_port_is_refused_before_anything_starts(light_daemon, tmp_path):
         other.listen()
         port = other.getsockname()[1]
         body = {"model": str(model), "args": ["--port", str(port)]}
-        code, out = client.request(_port(f), "POST", "/serve", body)
+        code, out = client.request(f, "POST", "/serve", body)
     assert code == 409, out
     assert f"port {port} on 127.0.0.1 is in use by another program" in out["error"]
     assert client.running(f)["server"] is None  # nothing forked, still answering
+
+
+def test_a_prepacked_directory_with_a_damaged_manifest_is_refused(light_daemon, tmp_path):
+    """resolve_serve_model checks a prepacked directory (`vllm-x86 quantize`'s config and
+    x86_quant.json) before vLLM starts (quant/format.py); the daemon answers that
+    CliError with 400. The asked-for port is taken, so that if the check were missing
+    the answer would be 409 and nothing would start."""
+    from vllm_x86.runtime.quant import format as qf
+
+    f, _ = light_daemon
+    out = tmp_path / "int8"
+    out.mkdir()
+    qc = {"quant_method": "x86_int8", "bits": 8, "prepacked": True, "layout": "x",
+          "format_version": qf.FORMAT_VERSION, "quantized_layers": []}  # fmt: skip
+    (out / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                                 "quantization_config": qc}))  # fmt: skip
+    (out / "model.safetensors").write_bytes(b"\0" * 64)
+    manifest = json.dumps({"format_version": qf.FORMAT_VERSION,
+                           "files": {"model.safetensors": {"bytes": 64}}})  # fmt: skip
+    (out / qf.MANIFEST).write_text(manifest[: len(manifest) // 2])  # cut short (a full disk)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        body = {"model": str(out), "args": ["--port", str(other.getsockname()[1])]}
+        code, answer = client.request(f, "POST", "/serve", body)
+    assert code == 400, answer
+    assert qf.MANIFEST in answer["error"] and "quantize" in answer["error"], answer
+    assert client.running(f)["server"] is None
+
+
+# ----------------------------------------------------------------------------- serve's flags
+
+
+def _serve_in_process(monkeypatch, tmp_path, *args):
+    """`vllm-x86 serve` in this process, its exec of vLLM's server caught."""
+    from vllm_x86.tools.cli import main
+
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setenv("VLLM_X86_DAEMON_DIR", str(tmp_path / "no-daemon-here"))
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.setattr("vllm_x86.runtime.defaults.apply_omp_env", lambda: {})
+
+    def execv(exe, argv):
+        raise SystemExit(0)
+
+    monkeypatch.setattr(main.os, "execv", execv)
+    try:
+        return main.main(["serve", str(tmp_path), *args])
+    except SystemExit as e:
+        return e.code
+
+
+def test_serve_on_the_network_without_a_key_warns_and_starts(monkeypatch, tmp_path, capsys):
+    code = _serve_in_process(monkeypatch, tmp_path, "--host", "0.0.0.0", "--port", "8123")
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert (
+        "vllm-x86: warning: the OpenAI server listens on 0.0.0.0 (every network interface), "
+        "port 8123 with no API key" in err
+    )
+    code = _serve_in_process(monkeypatch, tmp_path, "--host", "0.0.0.0", "--api-key", "k")
+    assert code == 0 and "warning: the OpenAI server" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--detach"], "no daemon runs (`vllm-x86 daemon start` starts one)"),
+        (["--detach", "--no-daemon"], "use one of them"),
+    ],
+)
+def test_detach_needs_a_daemon(monkeypatch, tmp_path, capsys, args, fragment):
+    code = _serve_in_process(monkeypatch, tmp_path, *args)
+    err = capsys.readouterr().err
+    assert code == 1 and fragment in err, err
+
+
+def test_serve_notes_a_dead_daemon_then_starts_its_own(monkeypatch, tmp_path, capsys):
+    f = paths.files(tmp_path / "no-daemon-here")
+    f.root.mkdir()
+    f.pid.write_text(str(2**22 + 4321))  # a daemon killed without cleaning up
+    f.state.write_text("{}")
+    code = _serve_in_process(monkeypatch, tmp_path)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert f"vllm-x86: the standby daemon (pid {2**22 + 4321}) is gone" in err
+    assert "starting a server of its own" in err and "vllm-x86: serving" in err
+    assert not f.pid.exists() and not f.state.exists()

@@ -155,14 +155,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "VLLM_X86_DAEMON_DIR",
         "<VLLM_X86_CACHE_DIR>/daemon",
-        "Where the standby daemon keeps its pid file, state file (control port) and logs "
-        "(`vllm-x86 daemon`). One daemon per directory.",
+        "Where the standby daemon keeps its control socket (daemon.sock), pid file, state "
+        "file and logs (`vllm-x86 daemon`), owner-only (directory 0700, files 0600; "
+        "refused when another user owns it). One daemon per directory.",
     ),
     Setting(
         "VLLM_X86_DAEMON_PORT",
         "0",
-        "Loopback TCP port of the standby daemon's control API; 0: a free port, written "
-        "to the state file (`vllm-x86 daemon status` shows it).",
+        "TCP port of the standby daemon's optional TCP control API (`vllm-x86 daemon start "
+        "--port`, on --host or 127.0.0.1), which needs a key (--api-key or VLLM_API_KEY); "
+        "0: no TCP, the owner-only Unix socket only (with --host: a free port).",
     ),
     Setting(
         "VLLM_X86_ISA",

@@ -224,8 +224,9 @@ class Daemon:
 
     def stop_model(self) -> None:
         from vllm_x86.tools.daemon.client import request
+        from vllm_x86.tools.daemon.paths import files
 
-        request(self.status()["port"], "POST", "/stop-model", {}, timeout=120)
+        request(files(self.dir), "POST", "/stop-model", {}, timeout=120)
 
     def stop(self) -> None:
         from vllm_x86.tools.daemon.client import stop
@@ -251,6 +252,7 @@ def measure(kind: str, model: Path, ns, log_path: Path, cache_root: Path | None,
         env = _clean_env(**extra, **ABLATIONS.get(kind, {}))
         if kind == "daemon":
             env = dict(daemon.env, **extra)
+            cmd.append("--detach")  # return once ready: the bench stops the model itself
         else:
             cmd.append("--no-daemon")
     cmd += flags

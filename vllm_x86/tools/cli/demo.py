@@ -11,6 +11,11 @@ greedy answer to the default question on every CPU measured, while compiled bf16
 the other side of a near tie on the AMD EPYC (tests/models/test_default_model_parity.py).
 With `--compiled` the server compiles before it answers (VLLM_X86_STAGED_WARMUP=0 unless
 you set it), so the answer is the compiled model's.
+
+With a standby daemon running, `vllm-x86 serve` hands the model to it and stays attached
+(tools/daemon/cli.py): stopping that command at the end stops the model server it
+started, and the daemon stays warm. A server that ends before it is ready is an error
+message with the end of its log, not a traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import time
 import urllib.error
 import urllib.request
 
+from vllm_x86.tools.cli.common import CliError
 from vllm_x86.tools.models.catalog import DEFAULT_MODEL
 from vllm_x86.tools.models.pull import pull
 from vllm_x86.tools.ports import free_port
@@ -37,7 +43,10 @@ def wait_ready(base: str, proc: subprocess.Popen, log_path: str, timeout: float 
         if proc.poll() is not None:
             with open(log_path, errors="replace") as f:
                 tail = f.read()[-3000:]
-            raise RuntimeError(f"the server exited with code {proc.returncode}:\n{tail}")
+            raise CliError(
+                f"the server exited with code {proc.returncode} before it was ready "
+                f"(log: {log_path}):\n{tail}"
+            )
         try:
             with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
                 if r.status == 200:
@@ -46,7 +55,7 @@ def wait_ready(base: str, proc: subprocess.Popen, log_path: str, timeout: float 
             pass
         now = time.monotonic() - t0
         if now > timeout:
-            raise TimeoutError(f"the server was not ready after {timeout:.0f} s (log: {log_path})")
+            raise CliError(f"the server was not ready after {timeout:.0f} s (log: {log_path})")
         if now - last >= 5:
             print(f"[demo] waiting for the server ... {now:.0f} s", file=sys.stderr, flush=True)
             last = now
@@ -58,10 +67,26 @@ def stop(proc: subprocess.Popen) -> None:
         return
     os.killpg(proc.pid, signal.SIGINT)
     try:
-        proc.wait(timeout=30)
+        proc.wait(timeout=60)  # a daemon's model server gets up to 30 s to stop
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def _say_if_daemon() -> None:
+    from vllm_x86.tools.daemon.client import DaemonError, running
+
+    try:
+        st = running()
+    except DaemonError:
+        return
+    if st is not None and st.get("server"):
+        print(
+            f"[demo] the standby daemon (pid {st['pid']}) serves it; stopping the demo "
+            "stops that model server, the daemon stays warm",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def run_demo(question: str, port: int = 0, max_tokens: int = 64, compiled: bool = False) -> int:
@@ -97,7 +122,9 @@ def run_demo(question: str, port: int = 0, max_tokens: int = 64, compiled: bool 
     try:
         ready = wait_ready(base, proc, log.name)
         print(f"[demo] server ready after {ready:.1f} s", file=sys.stderr, flush=True)
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="EMPTY")
+        _say_if_daemon()
+        key = os.environ.get("VLLM_API_KEY") or "EMPTY"  # the server requires it when set
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key)
         model = client.models.list().data[0].id
         print(f"[demo] 3/4 ask {model}: {question}", file=sys.stderr, flush=True)
         print(f"Q: {question}\nA: ", end="", flush=True)

@@ -30,15 +30,28 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
         os.execv(
             sys.executable, [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--help"]
         )
+    if ns.detach and ns.no_daemon:
+        raise CliError(
+            "--detach returns once a standby daemon serves the model, and --no-daemon starts "
+            "a server of its own in the foreground: use one of them"
+        )
     argv, host, port = serve_argv(ns.model, passthrough)
-    if not ns.no_daemon:
-        from vllm_x86.tools.daemon.cli import DaemonError, serve_with_daemon
+    from vllm_x86.tools.daemon.cli import DaemonError, serve_with_daemon, warn_exposure
 
+    warn_exposure(argv[3:], host, port)  # before either start (tools/exposure.py's rule)
+    if not ns.no_daemon:
         try:
-            if serve_with_daemon(argv[3:], argv[argv.index("--model") + 1]):
-                return 0
+            code = serve_with_daemon(argv[3:], argv[argv.index("--model") + 1], ns.detach)
         except DaemonError as e:
             raise CliError(str(e)) from None
+        if code is not None:
+            return code
+    if ns.detach:
+        raise CliError(
+            "--detach hands the model to a running standby daemon and returns, and no "
+            "daemon runs (`vllm-x86 daemon start` starts one); without --detach this "
+            "command is the server"
+        )
     from vllm_x86.tools.ports import port_free, port_taken
 
     if not port_free(port, host):
@@ -282,6 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="start a server of its own even when a standby daemon runs (by default "
         "a running `vllm-x86 daemon` serves the model)",
     )
+    s.add_argument(
+        "--detach",
+        action="store_true",
+        help="with a standby daemon: return once it serves the model, which keeps "
+        "serving (by default this command stays attached like any server: it shows the "
+        "model server's log, and Ctrl-C stops that model server while the daemon stays)",
+    )
 
     c = sub.add_parser(
         "chat",
@@ -430,11 +450,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "serve":
         # vLLM's flags pass through untouched, so only our own are parsed here: the
         # model is the first argument if it is not a flag (as in `vllm serve MODEL`).
-        ns = argparse.Namespace(cmd="serve", model=None, help_vllm=False, no_daemon=False)
+        ns = argparse.Namespace(
+            cmd="serve", model=None, help_vllm=False, no_daemon=False, detach=False
+        )
         rest = argv[1:]
-        if "--no-daemon" in rest:
-            ns.no_daemon = True
-            rest = [a for a in rest if a != "--no-daemon"]
+        for flag in ("--no-daemon", "--detach"):
+            if flag in rest:
+                setattr(ns, flag[2:].replace("-", "_"), True)
+                rest = [a for a in rest if a != flag]
         if "-h" in rest or "--help" in rest:
             parser.parse_args(["serve", "--help"])  # prints serve's help and exits
         if "--help-vllm" in rest:

@@ -8,9 +8,10 @@ forks those two; the daemon also pays the server's own imports once and keeps th
 * ``vllm-x86 daemon start`` launches one background process (``python -m
   vllm_x86.tools.daemon``) with its own pid file, state file and log in ``VLLM_X86_DAEMON_DIR``.
   It imports torch, vLLM, vLLM's OpenAI server, engine, CPU worker and common model
-  modules, and the plugin with its kernels, then waits on a loopback control port
-  (an HTTP/JSON API, see ``server``).
-* ``vllm-x86 serve MODEL`` (or ``POST /serve`` on the control port) hands the model to
+  modules, and the plugin with its kernels, then waits on a Unix socket in that
+  directory (an HTTP/JSON API, see ``server``), its owner's only (``access``; TCP only
+  with a key).
+* ``vllm-x86 serve MODEL`` (or ``POST /serve`` on the control socket) hands the model to
   it: the daemon forks a child that runs vLLM's own OpenAI server entry point
   (``vllm.entrypoints.launchers.api_server.entry.main``) for the model, exactly as
   ``vllm-x86 serve`` would, on the requested port. As in ``vllm-x86 serve``, the
@@ -18,6 +19,8 @@ forks those two; the daemon also pays the server's own imports once and keeps th
   (``X86Platform._apply_engine_start``), so they also inherit everything imported.
   Serving another model stops the current one and forks again; a model that fails to
   start is reported with its error and the daemon stays up for the next request.
+  ``serve`` stays attached (the model server's log on its stderr; Ctrl-C stops that
+  model server) unless ``--detach`` (``cli``).
 * ``vllm-x86 daemon stop`` stops the served model's process group, then the daemon,
   and removes the pid and state files.
 
@@ -28,7 +31,9 @@ vLLM config, because a forked child inherits neither threads nor a usable OpenMP
 runtime. Compute threads are therefore pinned per model, in the forked worker (vLLM's
 own binding, with the plugin's layout), not in the daemon.
 
-Modules: ``paths`` (files of a daemon directory, liveness), ``server`` (the daemon
-process and its control API), ``client`` (start, stop, status, hand-over: what the CLI
-calls, standard library only), ``cli`` (the ``vllm-x86 daemon`` subcommand).
+Modules: ``paths`` (files of a daemon directory, their modes, liveness), ``access``
+(who may call: peer uid, key, TCP rule, the environment a model server takes),
+``server`` (the daemon process and its control API), ``client`` (start, stop, status,
+hand-over: what the CLI calls, standard library only), ``cli`` (the ``vllm-x86 daemon``
+subcommand and the attached ``serve``).
 """

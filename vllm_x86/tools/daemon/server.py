@@ -1,21 +1,28 @@
-"""The daemon process: warm imports, a loopback control API, one model server at a time.
+"""The daemon process: warm imports, an owner-only control API, one model server at a time.
 
-Run by ``vllm-x86 daemon start`` as ``python -m vllm_x86.tools.daemon --dir DIR --port PORT``.
-Single-threaded on purpose: the control API (``http.server``) runs in the main thread,
-and the daemon forks model servers from that thread, so a child never inherits a lock
-held by another of the daemon's threads. Between requests, ``service_actions`` watches the model server
-(ready, failed, exited) and reaps its processes.
+Run by ``vllm-x86 daemon start`` as ``python -m vllm_x86.tools.daemon --dir DIR [--host H
+--port P]``. Single-threaded on purpose: the control API (``http.server`` handlers) runs
+in the main thread, and the daemon forks model servers from that thread, so a child
+never inherits a lock held by another of the daemon's threads. Between requests,
+``poll`` watches the model server (ready, failed, exited) and reaps its processes.
 
-Control API (JSON over HTTP on 127.0.0.1:PORT):
+Control API: JSON over HTTP on the Unix socket DIR/daemon.sock (mode 0600 in a 0700
+directory; each connection's uid is checked, 403 to another user), and, only when the
+daemon has a key, also on TCP H:P (access.py says why). With a key every request needs
+``Authorization: Bearer KEY`` (401 otherwise). A request is read within
+``REQUEST_TIMEOUT_S``; bodies over ``MAX_BODY`` bytes are refused (413).
 
     GET  /status      the daemon and the model server (state: starting, ready, failed,
-                      exited, stopped)
+                      exited, stopped; error: what its log says went wrong)
     POST /serve       {"model": PATH_OR_NAME_OR_null, "args": [vLLM server flags...],
-                      "env": {"VLLM_...": "..."}}: stop the current model server, start
-                      this one; 202 with its record (poll /status until ready or failed),
-                      200 if that exact server is already running, 400 for a bad request
-                      (unknown model, missing path, bad flags), with a message
-    POST /stop-model  stop the current model server
+                      "env": {NAME: VALUE} (names of access.SERVE_ENV only)}: stop the
+                      current model server, start this one; 202 with its record (poll
+                      /status until ready or failed), 200 if that exact server is
+                      already running, 400 for a bad request (unknown model, missing
+                      path, bad flags, an environment name it does not pass), 409 when
+                      another program has the port; each with a message in "error"
+    POST /stop-model  {"seq": N} (optional): stop the current model server (409 when
+                      model server N is no longer the current one: nothing stopped)
     POST /shutdown    stop the model server and the daemon
 """
 
@@ -28,23 +35,33 @@ import importlib
 import json
 import os
 import re
+import selectors
 import signal
+import socket
+import socketserver
 import sys
 import time
 import traceback
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from vllm_x86._version import __version__
 from vllm_x86.runtime.startup import childproc
+from vllm_x86.tools import exposure
+from vllm_x86.tools.daemon import access
 from vllm_x86.tools.daemon.paths import (
+    DaemonError,
     DaemonFiles,
     files,
     group_members,
+    open_private,
+    private_dir,
     remove_files,
+    socket_address,
     write_json_atomic,
+    write_private,
 )
-from vllm_x86.tools.ports import port_free, port_taken
+from vllm_x86.tools.ports import bind_host, port_free, port_taken
 
 # Imported once in the daemon, inherited by every forked model server: torch, vLLM's
 # OpenAI server, engine, CPU worker and loader, the model families the project serves,
@@ -157,6 +174,11 @@ WARM_WORKER_MODULES = (
 )
 
 HEALTH_POLL_S = 0.1
+# How often the main loop looks at the model server between requests.
+LOOP_POLL_S = 0.05
+# A control connection must deliver its request (and take its answer) within this.
+REQUEST_TIMEOUT_S = 10.0
+MAX_BODY = 1 << 20
 # How long a switch on the same port waits for the stopped server's port to be free.
 PORT_WAIT_S = 10.0
 STOP_GRACE_S = 30.0
@@ -189,6 +211,7 @@ class ModelServer:
         self.started_at = time.time()
         self.ready_s: float | None = None
         self._next_probe = 0.0
+        self.stopping = False  # the daemon asked it to stop (not an exit on its own)
 
     @property
     def key(self) -> tuple:
@@ -218,6 +241,9 @@ class ModelServer:
 
 
 _ERROR_LINE = re.compile(r"^(?:\([^)]*\)\s+)?(?:ERROR\s.*?\]\s+)?([\w.]*(?:Error|Exception)\b.*)$")
+# A process of the server that died (vLLM's executor: "Worker proc VllmWorker-0 died
+# unexpectedly (exit code: -9), shutting down executor."): the root cause of what follows.
+_DIED_LINE = re.compile(r"\]\s+(.*\bdied unexpectedly\b.*)$")
 
 
 def error_from_log(path: Path) -> str:
@@ -229,6 +255,9 @@ def error_from_log(path: Path) -> str:
     except OSError:
         return f"(no log at {path})"
     found: list[str] = []
+    died = next((m.group(1).strip() for x in lines if (m := _DIED_LINE.search(x))), None)
+    if died is not None:
+        found.append(died)
     for line in lines:
         m = _ERROR_LINE.match(line.strip())
         if m and not line.lstrip().startswith(("File ", "raise ", "^")):
@@ -246,16 +275,20 @@ def error_from_log(path: Path) -> str:
 
 
 class Daemon:
-    def __init__(self, f: DaemonFiles, port: int):
+    def __init__(self, f: DaemonFiles, host: str | None = None, port: int | None = None,
+                 key: str | None = None):  # fmt: skip
         self.files = f
-        self.port = port
-        self.httpd: HTTPServer | None = None
+        self.tcp_host = host  # None: the Unix socket only
+        self.tcp_port = port
+        self.key = key or None
+        self.listeners: list[socketserver.BaseServer] = []
         self.server: ModelServer | None = None
         self.seq = 0
         self.started_at = time.time()
         self.warm_s: float | None = None
         self.quit = False
         self.request_socket = None  # the connection of the request being handled
+        self.umask = 0o022  # the caller's, restored in each model server
 
     # ------------------------------------------------------------------ start-up
 
@@ -285,10 +318,19 @@ class Daemon:
 
     # ------------------------------------------------------------------ requests
 
+    @property
+    def tcp_url(self) -> str | None:
+        if self.tcp_host is None:
+            return None
+        host = self.tcp_host if ":" not in self.tcp_host else f"[{self.tcp_host}]"
+        return f"http://{host}:{self.tcp_port}"
+
     def status(self) -> dict:
         return {
             "pid": os.getpid(),
-            "port": self.port,
+            "socket": str(self.files.socket),
+            "tcp": self.tcp_url,
+            "keyed": self.key is not None,
             "version": __version__,
             "started_at": self.started_at,
             "warm_s": self.warm_s,
@@ -300,25 +342,31 @@ class Daemon:
     def serve(self, body: dict) -> tuple[int, dict]:
         from vllm_x86.tools.cli.common import CliError, serve_argv
 
+        unknown = sorted(set(body) - {"model", "args", "env"})
+        if unknown:
+            return 400, {
+                "error": f"unknown field(s) {', '.join(map(repr, unknown))}: /serve takes "
+                "'model', 'args' and 'env'"
+            }
         model = body.get("model")
         args = body.get("args", [])
         env = body.get("env", {})
         if model is not None and not isinstance(model, str):
-            return 400, {"error": "'model' must be a string or null"}
+            return 400, {"error": "'model' must be a string (a path or catalog name) or null"}
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            return 400, {"error": "'args' must be a list of strings"}
+            return 400, {"error": "'args' must be a list of strings (vLLM server flags)"}
         if not isinstance(env, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
         ):
             return 400, {"error": "'env' must map names to strings"}
-        bad = sorted(k for k in env if not k.startswith("VLLM_"))
-        if bad:
-            return 400, {"error": f"'env' takes VLLM_* settings only, not {', '.join(bad)}"}
         if env.get("VLLM_X86_DISABLE", "0").strip().lower() in ("1", "true", "yes", "on"):
             return 400, {
                 "error": "VLLM_X86_DISABLE=1 asks for stock vLLM CPU, but the daemon has "
                 "the plugin loaded; start the server without the daemon for that"
             }
+        refused = access.refused_env(env)
+        if refused:
+            return 400, {"error": refused}
         try:
             argv, host, port = serve_argv(model, args)
         except CliError as e:
@@ -341,6 +389,12 @@ class Daemon:
         if not same_port and not port_free(port, host):
             # Refused before the current model is touched: it keeps serving.
             return 409, {"error": port_taken(host, port)}
+        # The OpenAI server follows `vllm-x86 serve`'s rule: on the network without a
+        # key it starts, with the warning in the answer and the daemon's log.
+        verdict = exposure.check(
+            host, exposure.api_key(vllm_args, env), surface=exposure.API,
+            what="the OpenAI server", port=port,
+        )  # fmt: skip
         if cur is not None and cur.alive:
             _say(f"stopping model server {cur.seq} ({cur.model}) to serve {path}")
             self.stop_model()
@@ -357,7 +411,11 @@ class Daemon:
         self.server = ms
         self._fork(ms)
         _say(f"model server {ms.seq}: pid {ms.pid}, {path} on {ms.host}:{ms.port} (log {ms.log})")
-        return 202, {"server": ms.record()}
+        out: dict = {"server": ms.record()}
+        if verdict.warning:
+            _say(f"warning: {verdict.warning}")
+            out["warning"] = verdict.warning
+        return 202, out
 
     def _wait_port(self, host: str, port: int) -> bool:
         """Wait until the stopped server's port can be bound again."""
@@ -372,7 +430,7 @@ class Daemon:
     # ------------------------------------------------------------------ model servers
 
     def _fork(self, ms: ModelServer) -> None:
-        fd = os.open(ms.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_private(ms.log, os.O_WRONLY | os.O_TRUNC)
         os.write(fd, ("$ vllm-x86 serve (daemon) " + " ".join(ms.vllm_args) + "\n").encode())
         sys.stdout.flush()
         sys.stderr.flush()
@@ -382,10 +440,11 @@ class Daemon:
             try:
                 os.setsid()
                 childproc.die_with_parent(signal.SIGTERM)
-                if self.httpd is not None:
-                    self.httpd.socket.close()
+                for srv in self.listeners:  # the control sockets stay the daemon's
+                    srv.socket.close()
                 if self.request_socket is not None:  # the /serve request's connection
                     self.request_socket.close()
+                os.umask(self.umask)  # caches and files the server writes: as a cold serve
                 null = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(null, 0)
                 os.dup2(fd, 1)
@@ -430,13 +489,24 @@ class Daemon:
             ms = self.server
             if ms is not None and pid == ms.pid and ms.exit_code is None:
                 ms.exit_code = os.waitstatus_to_exitcode(status)
-                if ms.state == "starting":
+                how = (
+                    f"killed by {signal.Signals(-ms.exit_code).name}"
+                    if ms.exit_code < 0
+                    else f"exit code {ms.exit_code}"
+                )
+                if ms.stopping:
+                    if ms.alive:
+                        ms.state = "stopped"
+                elif ms.state == "starting":
                     ms.state = "failed"
                     ms.error = error_from_log(ms.log)
                     _say(f"model server {ms.seq} failed to start: {ms.error}")
                 elif ms.state == "ready":
                     ms.state = "exited"
-                    _say(f"model server {ms.seq} exited with code {ms.exit_code}")
+                    ms.error = f"the model server exited on its own ({how}): " + error_from_log(
+                        ms.log
+                    )
+                    _say(f"model server {ms.seq} exited: {ms.error}")
                 self._kill_group(ms, signal.SIGKILL)
 
     def _kill_group(self, ms: ModelServer, sig: int) -> None:
@@ -472,10 +542,19 @@ class Daemon:
             ms.ready_s = time.monotonic() - ms.t_start
             _say(f"model server {ms.seq} ready in {ms.ready_s:.1f} s")
 
-    def stop_model(self) -> dict | None:
+    def stop_model(self, seq: int | None = None) -> tuple[int, dict]:
+        """Stop the current model server (only if it is number `seq`, when given)."""
         ms = self.server
+        if seq is not None and (ms is None or ms.seq != seq):
+            now = f"model server {ms.seq} ({ms.state})" if ms is not None else "no model"
+            return 409, {
+                "error": f"model server {seq} is not the daemon's current one (it has {now}); "
+                "nothing was stopped",
+                "server": ms.record() if ms is not None else None,
+            }
         if ms is None or ms.pid is None:
-            return None
+            return 200, {"server": None}
+        ms.stopping = True
         if group_members(ms.pid):
             self._kill_group(ms, signal.SIGINT)
             deadline = time.monotonic() + STOP_GRACE_S
@@ -491,14 +570,51 @@ class Daemon:
         self._reap()
         if ms.alive:
             ms.state = "stopped"
-        return ms.record()
+        _say(f"model server {ms.seq} stopped")
+        return 200, {"server": ms.record()}
 
     # ------------------------------------------------------------------ main loop
 
+    def _listen(self) -> None:
+        f = self.files
+        try:
+            f.socket.unlink()  # a dead daemon's (start() checked that none runs)
+        except FileNotFoundError:
+            pass
+        old = os.umask(0o177)  # the socket is created 0600, with no moment of wider access
+        try:
+            with socket_address(f.socket) as addr:
+                self.listeners.append(_UnixControlServer(addr, self))
+        finally:
+            os.umask(old)
+        os.chmod(f.socket, 0o600)
+        if self.tcp_host is not None:
+            access.check_tcp(self.tcp_host, self.tcp_port or 0, self.key)
+            tcp = _TCPControlServer((bind_host(self.tcp_host), self.tcp_port or 0), self)
+            self.tcp_port = tcp.server_address[1]
+            self.listeners.append(tcp)
+
+    def _loop(self) -> None:
+        sel = selectors.DefaultSelector()
+        for srv in self.listeners:
+            srv.timeout = 0
+            sel.register(srv, selectors.EVENT_READ)
+        while not self.quit:
+            for key, _ in sel.select(LOOP_POLL_S):
+                key.fileobj.handle_request()
+            self.poll()
+
     def run(self) -> int:
         f = self.files
-        f.root.mkdir(parents=True, exist_ok=True)
-        f.pid.write_text(str(os.getpid()))
+        try:
+            private_dir(f)
+        except DaemonError as e:
+            print(f"vllm-x86 daemon: {e}", file=sys.stderr, flush=True)
+            return 2
+        # Every file the daemon writes is its owner's only; model servers get the
+        # caller's umask back (_fork).
+        self.umask = os.umask(0o077)
+        write_private(f.pid, str(os.getpid()))
         childproc.prctl(childproc.PR_SET_CHILD_SUBREAPER, 1)
 
         def on_signal(signum, frame):
@@ -506,49 +622,96 @@ class Daemon:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        code = 0
         try:
             self.warm_up()
-            self.httpd = _ControlServer(("127.0.0.1", self.port), _Handler, self)
-            self.port = self.httpd.server_address[1]
+            self._listen()
             write_json_atomic(
                 f.state,
-                {"pid": os.getpid(), "port": self.port, "version": __version__,
+                {"pid": os.getpid(), "socket": str(f.socket), "tcp": self.tcp_url,
+                 "keyed": self.key is not None, "version": __version__,
                  "started_at": self.started_at, "warm_s": self.warm_s},
             )  # fmt: skip
-            _say(f"listening on http://127.0.0.1:{self.port} (pid {os.getpid()})")
-            self.httpd.serve_forever(poll_interval=0.05)
+            where = f"{f.socket} (owner only)"
+            if self.tcp_url:
+                where += f" and {self.tcp_url} (key required)"
+            elif self.key:
+                where += ", key required"
+            _say(f"listening on {where} (pid {os.getpid()})")
+            self._loop()
         except SystemExit:
             pass
+        except DaemonError as e:
+            print(f"vllm-x86 daemon: {e}", file=sys.stderr, flush=True)
+            code = 2
+        except OSError as e:  # the TCP port taken, the socket not creatable
+            print(f"vllm-x86 daemon: cannot listen: {e}", file=sys.stderr, flush=True)
+            code = 2
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             if self.server is not None:
                 self.stop_model()
-            if self.httpd is not None:
-                self.httpd.server_close()
+            for srv in self.listeners:
+                srv.server_close()
             remove_files(f)
             _say("stopped")
-        return 0
+        return code
 
 
-class _ControlServer(HTTPServer):
-    def __init__(self, addr, handler, daemon: Daemon):
+class _UnixControlServer(socketserver.UnixStreamServer):
+    unix = True
+
+    def __init__(self, addr: str, daemon: Daemon):
         self.daemon_obj = daemon
-        super().__init__(addr, handler)
+        super().__init__(addr, _Handler)
 
-    def service_actions(self) -> None:
-        self.daemon_obj.poll()
-        if self.daemon_obj.quit:
-            raise SystemExit(0)
+
+class _TCPControlServer(socketserver.TCPServer):
+    unix = False
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], daemon: Daemon):
+        self.daemon_obj = daemon
+        if ":" in addr[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(addr, _Handler)
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: _ControlServer
+    server: _UnixControlServer | _TCPControlServer
+    timeout = REQUEST_TIMEOUT_S  # a client that stalls does not hold the daemon
+    _drained = False
 
     def log_message(self, format, *args):  # noqa: A002 (the base class's name)
         pass
 
+    def address_string(self) -> str:  # a Unix socket's peer has no address
+        return str(self.client_address[0]) if self.client_address else "unix"
+
+    def send_error(self, code, message=None, explain=None):
+        """http.server's own refusals (a malformed request line, an unknown method), as
+        JSON like every other answer."""
+        self.close_connection = True
+        short = self.responses.get(code, ("error",))[0]
+        self._send(code, {"error": f"{message or short} (HTTP {code})"})
+
+    def _drain(self) -> None:
+        """Read a body this answer does not use (a refusal before it was looked at): a
+        client still sending it would otherwise meet a closed connection, not the answer."""
+        if self._drained or self.command not in ("POST", "PUT", "PATCH", "DELETE"):
+            return
+        self._drained = True
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+            if 0 < n <= MAX_BODY:
+                self.rfile.read(n)
+        except (ValueError, OSError):
+            pass
+
     def _send(self, code: int, body: dict) -> None:
+        if hasattr(self, "headers"):
+            self._drain()
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -556,8 +719,34 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _allowed(self) -> bool:
+        """The peer's uid (on the socket), then the key: 403 or 401, with a message."""
+        d = self.server.daemon_obj
+        if self.server.unix:
+            uid = access.peer_uid(self.connection)
+            if not access.peer_allowed(uid):
+                self._send(403, {"error": access.forbidden_message(uid)})
+                return False
+        if not exposure.authorized(self.headers.get("Authorization"), d.key):
+            self._send(401, {"error": access.UNAUTHORIZED})
+            return False
+        return True
+
     def _body(self) -> dict | None:
-        n = int(self.headers.get("Content-Length") or 0)
+        raw_n = self.headers.get("Content-Length") or "0"
+        try:
+            n = int(raw_n)
+            if n < 0:
+                raise ValueError
+        except ValueError:
+            self._send(400, {"error": f"Content-Length {raw_n!r} is not a byte count"})
+            return None
+        if n > MAX_BODY:
+            self._send(
+                413, {"error": f"the body is {n} bytes; the daemon takes {MAX_BODY} at most"}
+            )
+            return None
+        self._drained = True
         raw = self.rfile.read(n) if n else b"{}"
         try:
             body = json.loads(raw or b"{}")
@@ -570,18 +759,26 @@ class _Handler(BaseHTTPRequestHandler):
         return body
 
     def do_GET(self):  # noqa: N802 (http.server's naming)
+        if not self._allowed():
+            return
         d = self.server.daemon_obj
         d.poll()
         if self.path.rstrip("/") in ("/status", ""):
             self._send(200, d.status())
         else:
-            self._send(404, {"error": f"no such endpoint: GET {self.path}"})
+            self._send(404, {"error": f"no such endpoint: GET {self.path} (GET /status)"})
 
     def do_POST(self):  # noqa: N802
+        if not self._allowed():
+            return
         d = self.server.daemon_obj
         path = self.path.rstrip("/")
         if path not in ("/serve", "/stop-model", "/shutdown"):
-            self._send(404, {"error": f"no such endpoint: POST {self.path}"})
+            self._send(
+                404,
+                {"error": f"no such endpoint: POST {self.path} (POST /serve, /stop-model, "
+                 "/shutdown)"},
+            )  # fmt: skip
             return
         body = self._body()
         if body is None:
@@ -592,7 +789,11 @@ class _Handler(BaseHTTPRequestHandler):
                 code, out = d.serve(body)
                 self._send(code, out)
             elif path == "/stop-model":
-                self._send(200, {"server": d.stop_model()})
+                seq = body.get("seq")
+                if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool)):
+                    self._send(400, {"error": "'seq' must be a model server's number"})
+                    return
+                self._send(*d.stop_model(seq))
             else:
                 self._send(200, {"stopping": True})
                 d.quit = True
@@ -602,10 +803,26 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             d.request_socket = None
 
+    def _no_method(self):
+        if self._allowed():
+            self._send(405, {"error": f"{self.command} is not a method of this API: use GET "
+                             "/status or POST /serve, /stop-model, /shutdown"})  # fmt: skip
+
+    do_PUT = do_DELETE = do_PATCH = _no_method  # noqa: N815
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vllm_x86.tools.daemon")
     p.add_argument("--dir", default=None, help="daemon directory (default: VLLM_X86_DAEMON_DIR)")
-    p.add_argument("--port", type=int, default=0, help="control port (0: a free one)")
+    p.add_argument(
+        "--host",
+        default=None,
+        help="also listen on TCP at this address (needs a key: VLLM_API_KEY in the environment)",
+    )
+    p.add_argument("--port", type=int, default=None, help="the TCP port (0: a free one)")
     ns = p.parse_args(argv)
-    return Daemon(files(ns.dir), ns.port).run()
+    host = ns.host if ns.host is not None else ("127.0.0.1" if ns.port else None)
+    # The key comes from the environment, never the command line (which any user can read
+    # in /proc); `vllm-x86 daemon start --api-key KEY` passes it there.
+    key = os.environ.get("VLLM_API_KEY") or None
+    return Daemon(files(ns.dir), host, ns.port, key).run()
