@@ -138,5 +138,10 @@ def test_with_a_key_the_api_refuses_requests_without_it(tiny, tmp_path):
         )  # fmt: skip
         body, _, code = r.stdout.rpartition("\n")
         assert code == "200" and json.loads(body)["usage"]["completion_tokens"] == 4, r.stdout
+        # `vllm-x86 chat` sends VLLM_API_KEY, as the server reads it
+        chat = [PYTHON, "-m", "vllm_x86.tools.cli", "chat", "--url", f"{base}/v1", "--quick",
+                "Hello", "--max-tokens", "4"]  # fmt: skip
+        r = subprocess.run(chat, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "[4 tokens" in r.stderr, r.stderr[-2000:]
     finally:
         _stop(proc)

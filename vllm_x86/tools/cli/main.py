@@ -81,7 +81,9 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
 def _client(url: str):
     import openai
 
-    return openai.OpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"))
+    # the server's key (docs/security.md): OpenAI's variable, else the one vLLM reads
+    key = os.environ.get("OPENAI_API_KEY") or os.environ.get("VLLM_API_KEY") or "EMPTY"
+    return openai.OpenAI(base_url=url, api_key=key)
 
 
 def _pick_model(client, wanted: str | None) -> str:
