@@ -8,7 +8,7 @@ DEPS := $(VENV)/.vllm-x86-deps
 KERNELS := $(VENV)/.vllm-x86-kernels
 CSRC := $(wildcard vllm_x86/runtime/csrc/*.cpp vllm_x86/runtime/csrc/*.h)
 
-.PHONY: install wheel demo lint test test-fast test-real-weights clean-venv
+.PHONY: install wheel demo lint test test-fast test-real-weights fuzz load clean-venv
 
 install: $(KERNELS)
 
@@ -71,6 +71,11 @@ test: lint
 
 test-fast: lint
 	$(PY) -m pytest -q -m "not slow" $(XDIST)
+
+# Schemathesis against the OpenAI server's OpenAPI description for 15 minutes, every
+# endpoint but those that reconfigure the engine (make test runs 75 s of it).
+fuzz: install
+	$(PY) -m pytest -q -p no:xdist tests/e2e/test_fuzz.py --fuzz-seconds 900 --fuzz-wide
 
 # The catalog's real models (SmolLM2, Qwen2.5-Coder-0.5B, Gemma-3-270M) against
 # transformers: downloads ~810 MB once and converts it (minutes), so not in `make test`.

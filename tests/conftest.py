@@ -29,6 +29,25 @@ PYTHON = sys.executable
 FIRST = ("tests/models/test_conformance.py", "tests/models/test_default_model_parity.py")
 
 
+def pytest_addoption(parser):
+    # Here, not in tests/e2e/conftest.py: pytest reads options only from the conftest
+    # files it loads at start, and a plain `pytest` loads this one.
+    group = parser.getgroup("vllm-x86")
+    group.addoption(
+        "--fuzz-seconds",
+        type=float,
+        default=75.0,
+        help="time budget of the Schemathesis run in tests/e2e/test_fuzz.py (default 75 s, "
+        "the `make test` run; `make fuzz` raises it)",
+    )
+    group.addoption(
+        "--fuzz-wide",
+        action="store_true",
+        help="tests/e2e/test_fuzz.py: every endpoint but those it excludes, and "
+        "Schemathesis' coverage phase before its fuzzing (for `make fuzz`)",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
     def rank(item) -> int:
         try:

@@ -17,6 +17,11 @@ module each, its docstring the full story:
 - ``frontend_warmup``: the OpenAI server's tokenizer copies and chat-template lookup
   beside the engine start;
 - ``tied_embedding_gemm``: one prepared GEMM for a weight that tied layers share;
+- ``openai_errors``: the OpenAI server's answers to a body it cannot parse, in vLLM's
+  error shape and in words (docs/reliability.md);
+- ``responses_input``: a 400, not a 500, for an assistant message of the Responses
+  API's input without text;
+- ``engine_death_exit``: the plugin's server exits 1, not 0, when its engine died;
 - ``triton_allocator``: ``no_triton_allocator``, used by ops/gdn.py around one
   constructor;
 - ``api_auth``: with an API key, vLLM's server asks for it on every route but the
@@ -39,8 +44,11 @@ from __future__ import annotations
 from vllm_x86.runtime.patches import (
     aot_finalize_loading,
     api_auth,
+    engine_death_exit,
     frontend_warmup,
+    openai_errors,
     qwen2_vl_torchvision,
+    responses_input,
     tied_embedding_gemm,
 )
 from vllm_x86.runtime.patches.ledger import LEDGER, Patch
@@ -57,3 +65,6 @@ def apply_all() -> None:
     frontend_warmup.apply()
     api_auth.apply()
     tied_embedding_gemm.apply()
+    openai_errors.apply()  # in the OpenAI server's process only
+    responses_input.apply()  # in the OpenAI server's process only
+    engine_death_exit.apply()  # in the plugin's OpenAI server's process only

@@ -319,6 +319,129 @@ LEDGER: tuple[Patch, ...] = (
             "tests/e2e/test_exposure.py::test_with_a_key_the_api_refuses_requests_without_it",
         ),
     ),
+    Patch(
+        name="openai_server_error_messages",
+        kind="monkey-patch",
+        what="the OpenAI server's init_exception_handler, as build_app looks it up, also "
+        "routes Starlette's HTTPException through vLLM's HTTP handler and rewords vLLM's "
+        "request-validation message into sentences",
+        why="a body that is not UTF-8, an unknown path and a wrong method got Starlette's "
+        "{\"detail\": ...} instead of vLLM's error shape (vLLM handles FastAPI's "
+        "HTTPException subclass only), and a body that does not fit the request model got "
+        "a dump of pydantic's error records (docs/reliability.md)",
+        symbols=(
+            Symbol(
+                "vllm.entrypoints.launchers.app:init_exception_handler",
+                "app",
+                contains=("app.exception_handler(HTTPException)(http_exception_handler)",),
+            ),
+            Symbol(
+                "vllm.entrypoints.launchers.app:build_app",
+                "args supported_tasks model_config",
+                contains=("init_exception_handler(app)",),
+            ),
+            Symbol(
+                "vllm.entrypoints.serve.exception_handling.handlers.http:http_exception_handler",
+                "req exc",
+            ),
+            Symbol(
+                "vllm.entrypoints.serve.exception_handling.handlers.validation:"
+                "validation_exception_handler",
+                "req exc",
+                contains=('message = f"{count} validation {label}:\\n"',),
+            ),
+            Symbol("vllm.entrypoints.serve.exception_handling.utils:sanitize_message", "message"),
+            Symbol(
+                "fastapi.routing",
+                contains=('status_code=400, detail="There was an error parsing the body"',),
+            ),
+        ),
+        site=("vllm_x86.runtime.patches.openai_errors",),
+        vllm_file="vllm/entrypoints/serve/exception_handling/register.py; "
+        "vllm/entrypoints/serve/exception_handling/handlers/validation.py; "
+        "vllm/entrypoints/launchers/app.py",
+        written_against=f"{_VLLM}, fastapi 0.136.3",
+        removed_by="vLLM registering its HTTP handler for Starlette's HTTPException and "
+        "wording its validation errors for people",
+        tests=(
+            "tests/unit/test_openai_errors.py",
+            "tests/e2e/test_robustness.py::test_bad_input",
+        ),
+    ),
+    Patch(
+        name="responses_assistant_input_without_text",
+        kind="monkey-patch",
+        what="the Responses API's _construct_message_from_response_item refuses (vLLM's "
+        "VLLMValidationError, a 400) an assistant message whose content is empty or does "
+        "not start with a text part",
+        why="vLLM reads item.content[0].text unchecked: such an input got a 500 "
+        "(IndexError, AttributeError), found by fuzzing (docs/reliability.md)",
+        symbols=(
+            Symbol(
+                "vllm.entrypoints.openai.responses.utils:_construct_message_from_response_item",
+                "item prev_msg",
+                contains=("output_text = item.content[0].text",),
+            ),
+            Symbol(
+                "vllm.entrypoints.openai.responses.utils:construct_chat_messages_with_tool_call",
+                "input_messages",
+                contains=("message = _construct_message_from_response_item(",),
+            ),
+            Symbol("vllm.entrypoints.openai.responses.utils:ResponseOutputMessage"),
+            Symbol("vllm.entrypoints.openai.responses.utils:VLLMValidationError"),
+        ),
+        site=("vllm_x86.runtime.patches.responses_input",),
+        vllm_file="vllm/entrypoints/openai/responses/utils.py",
+        written_against=_VLLM,
+        removed_by="vLLM checking an assistant message's content before reading its first part",
+        tests=(
+            "tests/unit/test_openai_errors.py::test_responses_assistant_input_without_text",
+            "tests/e2e/test_robustness.py::test_responses_assistant_input_without_text",
+        ),
+    ),
+    Patch(
+        name="server_exits_nonzero_after_engine_death",
+        kind="monkey-patch",
+        what="in the plugin's servers, build_and_serve, as run_server_worker looks it up, "
+        "wraps the engine client's shutdown (on that object) to note whether the engine "
+        "was already dead, and the server's last awaitable then raises SystemExit(1)",
+        why="with its worker or engine-core process killed, vLLM's server answered the "
+        "requests in flight with an error, stopped, and exited 0, so a supervisor that "
+        "restarts failed servers did not restart it",
+        symbols=(
+            Symbol(
+                "vllm.entrypoints.launchers.api_server.entry:build_and_serve",
+                "engine_client listen_address sock args peer_loads uvicorn_kwargs",
+            ),
+            Symbol(
+                "vllm.entrypoints.launchers.api_server.entry:run_server_worker",
+                "listen_address sock args client_config uvicorn_kwargs",
+                contains=(
+                    "shutdown_task = await build_and_serve(",
+                    "await shutdown_task",
+                ),
+            ),
+            Symbol("vllm.v1.engine.async_llm:AsyncLLM.shutdown", "self timeout"),
+            Symbol(
+                "vllm.v1.engine.core_client:BackgroundResources",
+                contains=("engine_dead: bool = False",),
+            ),
+            Symbol(
+                "vllm.entrypoints.launchers.launcher:terminate_if_errored",
+                "server engine",
+            ),
+        ),
+        site=("vllm_x86.runtime.patches.engine_death_exit",),
+        vllm_file="vllm/entrypoints/launchers/api_server/entry.py; "
+        "vllm/entrypoints/launchers/launcher.py; vllm/v1/engine/core_client.py",
+        written_against=_VLLM,
+        removed_by="vLLM's server exiting non-zero when its engine died",
+        tests=(
+            "tests/unit/test_openai_errors.py::test_a_dead_engine_makes_the_server_exit_1",
+            "tests/e2e/test_robustness.py::"
+            "test_a_killed_model_worker_ends_the_stream_with_an_error_and_the_server_exits",
+        ),
+    ),
     # --------------------------------------------------- worker, start-up, platform
     Patch(
         name="x86_worker_constructor",
