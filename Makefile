@@ -72,6 +72,12 @@ test: lint
 test-fast: lint
 	$(PY) -m pytest -q -m "not slow" $(XDIST)
 
+# The server under load beside stock vLLM CPU (300 requests at concurrency 64, 32, 8
+# and 1, streamed and not), then 1,000 requests for memory growth: about an hour on 2
+# cores (docs/reliability.md). Writes a summary into docs/bench/, raw records into out/.
+load: install
+	$(PY) -m vllm_x86.tools.bench.load --summary docs/bench/$$(date +%F)-load-smollm2.json
+
 # Schemathesis against the OpenAI server's OpenAPI description for 15 minutes, every
 # endpoint but those that reconfigure the engine (make test runs 75 s of it).
 fuzz: install

@@ -16,5 +16,7 @@ Every performance claim of the project is a ratio measured here. The pieces:
 - ``synthetic``: random-weight models of real shapes, with real tokenizers;
 - ``gguf_export``: a model directory as a GGUF file, for llama.cpp;
 - ``report``: medians, ranges, per-round ratios, the markdown table, the JSON, the chart;
-- ``harness``: the command line and the A B A B loop that ties them together.
+- ``harness``: the command line and the A B A B loop that ties them together;
+- ``load``: the load and leak test of the server (vLLM's own serving benchmark, mixed
+  lengths, streamed and not; ``python -m vllm_x86.tools.bench.load``, docs/reliability.md).
 """
