@@ -637,8 +637,9 @@ def run_level(
 # after 16 warm-up requests. Both times the worker's RSS grew by about 100 MiB per 100
 # requests and stopped after 600-700 (docs/reliability.md): not the KV cache.
 LEAK_ENV = {"VLLM_X86_KV_ZERO_PAGES": "0"}
-# Requests before "before": the same mix, enough for the worker's growth to stop (it
-# grew for 600-700 requests of it and stayed flat after, in both runs above).
+# Requests before "before": the same mix, past the worker's quick growth on a fresh
+# server (about 100 MiB per 100 requests for the first 600-700, then slow or none;
+# docs/reliability.md).
 LEAK_WARMUP = 800
 
 
