@@ -553,3 +553,23 @@ def test_serve_notes_a_dead_daemon_then_starts_its_own(monkeypatch, tmp_path, ca
     assert f"vllm-x86: the standby daemon (pid {2**22 + 4321}) is gone" in err
     assert "starting a server of its own" in err and "vllm-x86: serving" in err
     assert not f.pid.exists() and not f.state.exists()
+
+
+def test_a_cold_start_after_a_dead_daemon_waits_for_the_port_its_server_held():
+    """The killed daemon's model server may hold its port for a moment while it shuts
+    down: the cold start waits for it (bounded) instead of refusing at once."""
+    import socket
+    import threading
+
+    from vllm_x86.tools.daemon import cli as daemon_cli
+    from vllm_x86.tools.ports import free_port, port_free
+
+    port = free_port()
+    held = socket.socket()
+    held.bind(("127.0.0.1", port))
+    held.listen()
+    threading.Timer(1.0, held.close).start()
+    t0 = time.monotonic()
+    daemon_cli._wait_port_released(["--model", "m", "--host", "127.0.0.1", "--port", str(port)])
+    assert port_free(port, "127.0.0.1")
+    assert 0.8 < time.monotonic() - t0 < daemon_cli.PORT_RELEASE_S

@@ -177,6 +177,24 @@ class _Stop:
             signal.signal(sig, old)
 
 
+# How long a cold start after a dead daemon waits for the port its model server held.
+PORT_RELEASE_S = 30.0
+
+
+def _wait_port_released(vllm_args: list[str]) -> None:
+    """A killed daemon's model server gets SIGTERM from the kernel and may hold its port
+    for a few seconds while it shuts down (longer on a busy machine): wait for the port
+    (bounded) before the cold start checks it, rather than refuse at once."""
+    from vllm_x86.tools.cli.common import DEFAULT_HOST, DEFAULT_PORT, _flag_value
+    from vllm_x86.tools.ports import port_free
+
+    host = _flag_value(vllm_args, "--host") or DEFAULT_HOST
+    port = int(_flag_value(vllm_args, "--port") or DEFAULT_PORT)
+    deadline = time.monotonic() + PORT_RELEASE_S
+    while not port_free(port, host) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def serve_with_daemon(
     vllm_args: list[str], model: str, detach: bool = False, f: DaemonFiles | None = None
 ) -> int | None:
@@ -193,6 +211,7 @@ def serve_with_daemon(
             file=sys.stderr,
             flush=True,
         )
+        _wait_port_released(vllm_args)
     vllm_args = _absolute_model(vllm_args)
     if detach:
         h = handover(vllm_args, model, f)
