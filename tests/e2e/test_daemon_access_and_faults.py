@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from tests.conftest import PYTHON, clean_env
-from tests.e2e.test_daemon import FLAGS, READY, Attached
+from tests.e2e.test_daemon import FLAGS, READY, Attached, _cli
 from vllm_x86.tools.daemon import client, paths
 from vllm_x86.tools.ports import free_port
 
@@ -61,16 +61,6 @@ else:
     out["body"] = json.loads(body)
 print(json.dumps(out))
 """
-
-
-def _cli(env, *args, timeout=600):
-    return subprocess.run(
-        [PYTHON, "-m", "vllm_x86.tools.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture(autouse=True)

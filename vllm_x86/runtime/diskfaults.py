@@ -25,6 +25,17 @@ _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 _PY_OS_ERROR = re.compile(r"\[Errno (\d+)\]")
 
 
+def write_atomic(path: Path, text: str, prefix: str = "") -> None:
+    """Write a small file under a temporary name beside it (``PREFIX<name>.<pid>.tmp``,
+    which the writers' leftover checks know), then rename it over `path`."""
+    tmp = path.with_name(f"{prefix}{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def os_error(exc: BaseException | None) -> OSError | None:
     """The OSError behind `exc`: itself, one it was raised from, or the errno a
     library's message carries (safetensors: "... (os error 28)")."""

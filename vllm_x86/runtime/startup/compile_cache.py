@@ -130,15 +130,6 @@ def _files(entry: Path) -> list[Path]:
     )
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -251,7 +242,7 @@ def seal(root: Path, model: str | None = None, written_since: float | None = Non
         if not files:
             continue
         data = {"model": model, "sealed_at": time.time(), "files": files}
-        _write_atomic(entry / MANIFEST, json.dumps(data, indent=1))
+        diskfaults.write_atomic(entry / MANIFEST, json.dumps(data, indent=1))
         n += 1
     return n
 
@@ -329,7 +320,7 @@ def _prepare(root: Path, factors: dict[str, str]) -> list[tuple[str, str]]:
         raise OSError(code, os.strerror(code), str(root))
     key_file = root / "key.json"
     if not key_file.exists():
-        _write_atomic(key_file, json.dumps(factors, indent=1, sort_keys=True))
+        diskfaults.write_atomic(key_file, json.dumps(factors, indent=1, sort_keys=True))
     remove_stale_temp_files(root)
     moved = check(root)
     free = diskfaults.free_bytes(root)

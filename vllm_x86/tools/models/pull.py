@@ -60,16 +60,6 @@ def _disk_error(e: BaseException, needs: str | None = None) -> PullError | None:
     return PullError(msg) if msg else None
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write a small file under a temporary name beside it, then rename it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _say(msg: str) -> None:
     print(f"[vllm-x86 pull] {msg}", file=sys.stderr, flush=True)
 
@@ -337,7 +327,7 @@ def pull(name: str | None = None, force: bool = False) -> Path:
         if former is not None:
             # pulled before the entry got its own name: the same file, so keep it
             try:
-                _write_atomic(former / MARKER, _marker(model))
+                diskfaults.write_atomic(former / MARKER, _marker(model), prefix=".")
                 os.replace(former, final)
             except OSError as e:
                 raise _disk_error(e) or e from None
