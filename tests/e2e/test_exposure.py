@@ -9,15 +9,14 @@ requests enter the same namespace with `nsenter`.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import time
 
 import pytest
 
 from tests.conftest import PYTHON, clean_env
+from vllm_x86.tools.bench.server import stop_group
 from vllm_x86.tools.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -55,15 +54,6 @@ def _wait_healthy(proc, prefix, base, log) -> None:
         time.sleep(0.5)
 
 
-def _stop(proc) -> None:
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def _can_unshare_net() -> bool:
     if not shutil.which("unshare") or not shutil.which("nsenter") or not shutil.which("ip"):
         return False
@@ -97,7 +87,7 @@ def test_every_interface_without_a_key_starts_with_a_warning(tiny, tmp_path):
         listen = subprocess.run([*prefix, "ss", "-Hltn"], capture_output=True, text=True).stdout
         assert f"0.0.0.0:{port}" in listen, listen
     finally:
-        _stop(proc)
+        stop_group(proc, grace_s=60)
 
 
 def test_with_a_key_the_api_refuses_requests_without_it(tiny, tmp_path):
@@ -144,4 +134,4 @@ def test_with_a_key_the_api_refuses_requests_without_it(tiny, tmp_path):
         r = subprocess.run(chat, env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and "[4 tokens" in r.stderr, r.stderr[-2000:]
     finally:
-        _stop(proc)
+        stop_group(proc, grace_s=60)
