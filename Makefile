@@ -81,7 +81,7 @@ load: install
 # Schemathesis against the OpenAI server's OpenAPI description for 15 minutes, every
 # endpoint but those that reconfigure the engine (make test runs 75 s of it).
 fuzz: install
-	$(PY) -m pytest -q -p no:xdist tests/e2e/test_fuzz.py --fuzz-seconds 900 --fuzz-wide
+	$(PY) -m pytest -q -p no:xdist tests/e2e/test_fuzz.py --fuzz-seconds 900 --fuzz-wide --fuzz-seed random
 
 # The catalog's real models (SmolLM2, Qwen2.5-Coder-0.5B, Gemma-3-270M) against
 # transformers: downloads ~810 MB once and converts it (minutes), so not in `make test`.

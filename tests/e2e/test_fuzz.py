@@ -2,9 +2,10 @@
 generated requests, valid and not, find no 5xx (Schemathesis' ``not_a_server_error``
 check), no request that hangs past 60 s, and the server alive and answering after.
 
-`make test` runs the fuzzing phase for ``--fuzz-seconds`` (75 s) on the endpoints a
-client uses: chat and text completions, the model list, tokenize/detokenize and the
-probes. `make fuzz` (``--fuzz-seconds 900 --fuzz-wide``) adds Schemathesis' examples and
+`make test` runs the fuzzing phase for ``--fuzz-seconds`` (75 s), from a fixed seed
+(``--fuzz-seed``), on the endpoints a client uses: chat and text completions, the model list, tokenize/detokenize and the
+probes. `make fuzz` (``--fuzz-seconds 900 --fuzz-wide --fuzz-seed random``) looks for new
+problems: a new seed each run, and Schemathesis' examples and
 coverage phases (boundary values, wrong types, missing fields for every parameter) and
 every endpoint but these:
 
@@ -41,7 +42,7 @@ EXCLUDED = r"^/(scale_elastic_ep|is_scaling_elastic_ep|v1/systemone)$"
 REQUEST_TIMEOUT_S = 60
 
 
-def schemathesis_cmd(base: str, seconds: float, wide: bool) -> list[str]:
+def schemathesis_cmd(base: str, seconds: float, wide: bool, seed: str) -> list[str]:
     cmd = [
         str(Path(sys.executable).with_name("schemathesis")), "run", f"{base}/openapi.json",
         "--checks", "not_a_server_error",
@@ -52,6 +53,8 @@ def schemathesis_cmd(base: str, seconds: float, wide: bool) -> list[str]:
         "--generation-database", "none",
         "--no-color",
     ]  # fmt: skip
+    if seed != "random":
+        cmd += ["--seed", seed]
     if wide:
         return [*cmd, "--phases", "examples,coverage,fuzzing", "--exclude-path-regex", EXCLUDED]
     return [*cmd, "--phases", "fuzzing", "--include-path-regex", CORE]
@@ -61,6 +64,7 @@ def test_fuzzing_finds_no_server_error(openai_server, request, tmp_path):
     srv = openai_server
     seconds = request.config.getoption("--fuzz-seconds")
     wide = request.config.getoption("--fuzz-wide")
+    seed = request.config.getoption("--fuzz-seed")
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -68,7 +72,7 @@ def test_fuzzing_finds_no_server_error(openai_server, request, tmp_path):
         "NO_COLOR": "1",
     }
     run = subprocess.run(
-        schemathesis_cmd(srv.base, seconds, wide),
+        schemathesis_cmd(srv.base, seconds, wide, seed),
         cwd=tmp_path,  # its files (.schemathesis/) stay out of the tree
         env=env,
         capture_output=True,

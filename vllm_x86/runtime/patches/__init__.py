@@ -21,6 +21,8 @@ module each, its docstring the full story:
   error shape and in words (docs/reliability.md);
 - ``responses_input``: a 400, not a 500, for an assistant message of the Responses
   API's input without text;
+- ``structured_output``: the plugin's checks of a structured-output request, run
+  before vLLM's own (a 400 for a choice the model's tokens cannot spell);
 - ``engine_death_exit``: the plugin's server exits 1, not 0, when its engine died;
 - ``triton_allocator``: ``no_triton_allocator``, used by ops/gdn.py around one
   constructor;
@@ -49,6 +51,7 @@ from vllm_x86.runtime.patches import (
     openai_errors,
     qwen2_vl_torchvision,
     responses_input,
+    structured_output,
     tied_embedding_gemm,
 )
 from vllm_x86.runtime.patches.ledger import LEDGER, Patch
@@ -68,3 +71,4 @@ def apply_all() -> None:
     openai_errors.apply()  # in the OpenAI server's process only
     responses_input.apply()  # in the OpenAI server's process only
     engine_death_exit.apply()  # in the plugin's OpenAI server's process only
+    structured_output.apply()

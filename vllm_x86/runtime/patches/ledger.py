@@ -400,6 +400,33 @@ LEDGER: tuple[Patch, ...] = (
         ),
     ),
     Patch(
+        name="structured_output_request_checks",
+        kind="monkey-patch",
+        what="SamplingParams._validate_structured_outputs runs the plugin's structured-output "
+        "checks (structured_output.CHECKS) before vLLM's own: a choice that no sequence of "
+        "the model's tokens can spell is refused with VLLMValidationError (a 400)",
+        why="such a choice compiles to a grammar that reaches a state allowing no token; the "
+        "scheduler then ends the request with an error and the client got a 500 for its own "
+        "input (found by fuzzing, docs/reliability.md)",
+        symbols=(
+            Symbol(
+                "vllm.sampling_params:SamplingParams._validate_structured_outputs",
+                "self model_config structured_outputs_config tokenizer",
+            ),
+            Symbol("vllm.exceptions:VLLMValidationError"),
+            Symbol("xgrammar:TokenizerInfo.from_huggingface"),
+        ),
+        site=("vllm_x86.runtime.patches.structured_output",),
+        vllm_file="vllm/sampling_params.py",
+        written_against=_VLLM,
+        removed_by="vLLM refusing an unspellable constraint at validation, or answering a "
+        "grammar dead end with a client error",
+        tests=(
+            "tests/unit/test_structured_output_checks.py",
+            "tests/e2e/test_robustness.py::test_bad_input",
+        ),
+    ),
+    Patch(
         name="server_exits_nonzero_after_engine_death",
         kind="monkey-patch",
         what="in the plugin's servers, build_and_serve, as run_server_worker looks it up, "

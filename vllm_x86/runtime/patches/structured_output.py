@@ -1,0 +1,130 @@
+"""Patch ``structured_output_request_checks`` (a monkey-patch; ledger.py).
+
+The one place where the plugin checks a structured-output request (``structured_outputs``,
+``response_format``) before vLLM accepts it: ``SamplingParams._validate_structured_outputs``
+runs the plugin's checks (``CHECKS``), then vLLM's own. A check raises vLLM's
+``VLLMValidationError``, which the OpenAI server answers with a 400 and its sentence, so
+the request is refused before it costs a step.
+
+``choice_spelled_by_vocabulary``, found by fuzzing (tests/e2e/test_fuzz.py; CI run of
+2026-12-05): a ``choice`` holding a character that no sequence of the model's tokens
+spells (SmolLM2's vocabulary has no token for U+0014, for one) compiles to a grammar
+that, once the answer reaches that character, allows no token at all; the sampler then
+picks a token the grammar rejects, the scheduler ends the request with an error, and the
+client got a 500 Internal Server Error for its own input. The check splits each choice's
+UTF-8 bytes into tokens of the vocabulary xgrammar uses for its masks (the same
+``TokenizerInfo``), and refuses a choice that cannot be spelled, naming the first
+character that cannot. Where xgrammar cannot describe the tokenizer (a tokenizer that is
+not a Hugging Face one), the check does not apply and vLLM decides as before.
+
+Upstream change that removes it: vLLM refusing an unspellable constraint at validation,
+or answering a grammar dead end with a client error.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+from vllm_x86.runtime.patches.ledger import MARK
+
+log = logging.getLogger(__name__)
+
+# tokenizer -> (set of token byte strings, longest token in bytes); None where xgrammar
+# cannot describe the tokenizer
+_VOCAB: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_VOCAB_BY_ID: dict[int, tuple[frozenset[bytes], int] | None] = {}
+
+
+def vocabulary(tokenizer) -> tuple[frozenset[bytes], int] | None:
+    """The byte strings of the tokens xgrammar masks over, and the longest one's length."""
+    try:
+        cached = _VOCAB.get(tokenizer, False)
+    except TypeError:  # not weak-referenceable
+        cached = _VOCAB_BY_ID.get(id(tokenizer), False)
+    if cached is not False:
+        return cached
+    try:
+        import xgrammar as xgr
+
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer)
+        special = set(info.special_token_ids)
+        tokens = frozenset(t for i, t in enumerate(info.decoded_vocab) if t and i not in special)
+        found = (tokens, max((len(t) for t in tokens), default=0))
+    except Exception as exc:  # a tokenizer xgrammar cannot describe
+        log.debug("structured output checks: no vocabulary for %r: %s", tokenizer, exc)
+        found = None
+    try:
+        _VOCAB[tokenizer] = found
+    except TypeError:
+        _VOCAB_BY_ID[id(tokenizer)] = found
+    return found
+
+
+def first_unspelled(text: str, tokens: frozenset[bytes], longest: int) -> int | None:
+    """Index in ``text`` of the first character from which no split of its UTF-8 bytes
+    into ``tokens`` goes on, or None when the whole text can be spelled."""
+    data = text.encode("utf-8", "surrogatepass")
+    reach = [False] * (len(data) + 1)
+    reach[0] = True
+    furthest = 0
+    for start in range(len(data)):
+        if not reach[start]:
+            continue
+        for end in range(start + 1, min(len(data), start + longest) + 1):
+            if data[start:end] in tokens:
+                reach[end] = True
+                furthest = max(furthest, end)
+    if reach[len(data)]:
+        return None
+    # the character holding byte `furthest` is the first one no split gets past
+    return len(data[:furthest].decode("utf-8", "surrogatepass"))
+
+
+def choice_spelled_by_vocabulary(params, tokenizer) -> None:
+    """Refuse a ``choice`` that the model's tokens cannot spell (see the docstring)."""
+    so = params.structured_outputs
+    choices = getattr(so, "choice", None)
+    if not choices or tokenizer is None or not isinstance(choices, list):
+        return
+    vocab = vocabulary(tokenizer)
+    if vocab is None:
+        return
+    from vllm.exceptions import VLLMValidationError
+
+    tokens, longest = vocab
+    for n, choice in enumerate(choices):
+        if not isinstance(choice, str) or not choice:
+            continue
+        at = first_unspelled(choice, tokens, longest)
+        if at is not None:
+            ch = choice[at]
+            raise VLLMValidationError(
+                f"structured_outputs.choice[{n}] holds the character U+{ord(ch):04X} "
+                f"(position {at}), which no token of this model's vocabulary can write, "
+                "so the model could never produce that choice: remove or replace it.",
+                parameter="structured_outputs.choice",
+            )
+
+
+# run in order before vLLM's own validation; each takes (sampling params, tokenizer)
+CHECKS = [choice_spelled_by_vocabulary]
+
+
+def apply() -> None:
+    """Install the checks (idempotent; see the module docstring)."""
+    from vllm.sampling_params import SamplingParams
+
+    original = SamplingParams._validate_structured_outputs
+    if getattr(original, MARK, False):
+        return
+
+    def _validate_structured_outputs(self, model_config, structured_outputs_config, tokenizer):
+        if structured_outputs_config is not None and self.structured_outputs is not None:
+            for check in CHECKS:
+                check(self, tokenizer)
+        return original(self, model_config, structured_outputs_config, tokenizer)
+
+    setattr(_validate_structured_outputs, MARK, True)
+    _validate_structured_outputs.__wrapped__ = original
+    SamplingParams._validate_structured_outputs = _validate_structured_outputs
