@@ -509,3 +509,30 @@ def test_matrix_names_the_architectures_that_quantize_nothing():
     assert "In `MambaForCausalLM` no weight is quantized on either side" in matrix.render(data)
     data["archs"]["MambaForCausalLM"] = row(4096)
     assert "no weight is quantized on either side" not in matrix.render(data)
+
+
+def test_check_records_its_verdict_for_these_weights_only(tmp_path, monkeypatch):
+    """`vllm-x86 check` writes its verdict beside the references; read_verdict gives it
+    back while the checkpoint is unchanged, and None for a changed or unchecked one."""
+    from vllm_x86.tools.conformance import check
+
+    monkeypatch.setenv("VLLM_X86_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (model / "model.safetensors").write_bytes(b"\0" * 64)
+    assert check.read_verdict(model) is None
+    code = check._summary({s: "ok" for s in check.STAGES}, model, tiny=False, compiled=False)
+    assert code == 0
+    got = check.read_verdict(model)
+    assert got["passed"] is True and got["stages"]["parity"] == "ok"
+    assert got["model"] == str(model.resolve())
+    assert check.verdict_path(model).is_relative_to(tmp_path / "cache")
+    # a failed stage is recorded as not passed
+    assert check._summary({"architecture": "ok", "ops": "FAIL"}, model) == 1
+    got = check.read_verdict(model)
+    assert got["passed"] is False and got["stages"]["ops"] == "FAIL"
+    assert got["stages"]["speed"] == "not run"
+    # other weights: the verdict is not theirs
+    (model / "model.safetensors").write_bytes(b"\1" * 65)
+    assert check.read_verdict(model) is None

@@ -17,6 +17,11 @@ With weights up to --max-real-gib (default 1 GiB) the real weights are used; bey
 that, or with --tiny, a tiny random-weight copy of the config (the suite's shrink,
 vllm_x86/tools/conformance/tiny.py): that checks the code paths, not the weights, and its speed
 says nothing about the real model's.
+
+Each run records its verdict (``verdict.json`` in the model's check directory, beside the
+transformers references; ``read_verdict``) with the weights' size and newest change time,
+so a tool (the playground's model list) can say whether this checkpoint, as it is on disk
+now, has passed; a verdict on other weights reads as none.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import argparse
 import hashlib
 import json
 import sys
+import time
 from pathlib import Path
 
 STAGES = ("architecture", "ops", "parity", "speed")
@@ -178,7 +184,7 @@ def run_check(
         _say("   " + ln)
     verdicts["architecture"] = "ok" if ok else "FAIL"
     if not ok:
-        return _summary(verdicts)
+        return _summary(verdicts, model_dir)
 
     size = weights_bytes(model_dir)
     if use_tiny is None:
@@ -259,7 +265,7 @@ def run_check(
     else:
         _say("   no speed run (the bf16 eager run failed)")
         verdicts["speed"] = "FAIL"
-    return _summary(verdicts)
+    return _summary(verdicts, model_dir, tiny=use_tiny, compiled=compiled)
 
 
 def reference_cache(model_dir: Path) -> Path:
@@ -318,10 +324,66 @@ def parity_on_weights(
     return prep, results, verdicts
 
 
-def _summary(verdicts: dict[str, str]) -> int:
+def _weights_stamp(model_dir: Path) -> dict:
+    """Size and newest change time of the checkpoint's files (what a verdict is about)."""
+    size, newest = 0, 0.0
+    for f in Path(model_dir).iterdir():
+        if f.is_file():
+            st = f.stat()
+            size += st.st_size
+            newest = max(newest, st.st_mtime)
+    return {"bytes": size, "mtime": newest}
+
+
+def verdict_path(model_dir: Path) -> Path:
+    return reference_cache(model_dir) / "verdict.json"
+
+
+def record_verdict(
+    model_dir: Path, verdicts: dict[str, str], tiny: bool | None = None, compiled: bool = False
+) -> None:
+    """Write the run's verdict for `read_verdict` (best effort: a check that cannot write
+    its record still prints its verdict)."""
+    from vllm_x86 import __version__
+    from vllm_x86.runtime.diskfaults import write_atomic
+
+    record = {
+        "model": str(Path(model_dir).resolve()),
+        "passed": all(verdicts.get(s) == "ok" for s in STAGES),
+        "stages": {s: verdicts.get(s, "not run") for s in STAGES},
+        "tiny": tiny,
+        "compiled": compiled,
+        "time": time.time(),
+        "version": __version__,
+        "weights": _weights_stamp(model_dir),
+    }
+    path = verdict_path(model_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(record, indent=1))
+    except OSError as e:
+        _say(f"   (the verdict was not recorded in {path}: {e.strerror or e})")
+
+
+def read_verdict(model_dir: Path) -> dict | None:
+    """The last `vllm-x86 check` verdict on this checkpoint as it is on disk now: the
+    record (``passed``, ``stages``, ``tiny``, ``time``), or None when it was never
+    checked, the record is unreadable, or the weights changed since."""
+    try:
+        record = json.loads(verdict_path(model_dir).read_text())
+        if record.get("weights") != _weights_stamp(model_dir):
+            return None
+        return record if isinstance(record.get("passed"), bool) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _summary(verdicts: dict[str, str], model_dir: Path | None = None, **how) -> int:
     _say("== verdict")
     for s in STAGES:
         _say(f"   {s:<13} {verdicts.get(s, 'not run')}")
+    if model_dir is not None:
+        record_verdict(model_dir, verdicts, **how)
     return 0 if all(verdicts.get(s) == "ok" for s in STAGES) else 1
 
 
