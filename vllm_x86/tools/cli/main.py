@@ -35,6 +35,8 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
             "--detach returns once a standby daemon serves the model, and --no-daemon starts "
             "a server of its own in the foreground: use one of them"
         )
+    if getattr(ns, "playground", False):
+        passthrough = _playground_flags(passthrough)
     argv, host, port = serve_argv(ns.model, passthrough)
     from vllm_x86.tools.daemon.cli import DaemonError, serve_with_daemon, warn_exposure
 
@@ -248,6 +250,41 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
 
 
+# ----------------------------------------------------------------------------- playground
+
+
+def cmd_playground(ns: argparse.Namespace) -> int:
+    from vllm_x86.tools.playground.cli import run
+
+    return run(ns)
+
+
+def _playground_flags(passthrough: list[str]) -> list[str]:
+    """`serve --playground`: vLLM's server mounts the playground under /playground/
+    (its --middleware flag); refused on the network without a key, as the playground's
+    own command is (tools/exposure.py, surface CONTROL)."""
+    from vllm_x86.tools import exposure
+    from vllm_x86.tools.cli.common import _flag_value
+    from vllm_x86.tools.playground.asgi import IMPORT_PATH
+
+    host = _flag_value(passthrough, "--host") or DEFAULT_HOST
+    try:
+        exposure.check(
+            host, exposure.api_key(passthrough), surface=exposure.CONTROL,
+            what="the playground (serve --playground)",
+        )  # fmt: skip
+    except exposure.ExposureError as e:
+        raise CliError(str(e)) from None
+    port = _flag_value(passthrough, "--port") or DEFAULT_PORT
+    shown = host if ":" not in host else f"[{host}]"
+    print(
+        f"vllm-x86: playground at http://{shown}:{port}/playground/ once the server is ready",
+        file=sys.stderr,
+        flush=True,
+    )
+    return [*passthrough, "--middleware", IMPORT_PATH]
+
+
 # ----------------------------------------------------------------------------- check
 
 
@@ -296,6 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start a server of its own even when a standby daemon runs (by default "
         "a running `vllm-x86 daemon` serves the model)",
+    )
+    s.add_argument(
+        "--playground",
+        action="store_true",
+        help="also serve the playground page under /playground/ of this server (`vllm-x86 "
+        "playground` serves it on its own, with model switching)",
     )
     s.add_argument(
         "--detach",
@@ -386,6 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_daemon_parser(sub)
 
+    from vllm_x86.tools.playground.cli import add_parser as add_playground_parser
+
+    add_playground_parser(sub)
+
     from vllm_x86.tools.conformance.check import add_arguments as add_check_arguments
 
     ck = sub.add_parser(
@@ -453,10 +500,11 @@ def main(argv: list[str] | None = None) -> int:
         # vLLM's flags pass through untouched, so only our own are parsed here: the
         # model is the first argument if it is not a flag (as in `vllm serve MODEL`).
         ns = argparse.Namespace(
-            cmd="serve", model=None, help_vllm=False, no_daemon=False, detach=False
-        )
+            cmd="serve", model=None, help_vllm=False, no_daemon=False, detach=False,
+            playground=False,
+        )  # fmt: skip
         rest = argv[1:]
-        for flag in ("--no-daemon", "--detach"):
+        for flag in ("--no-daemon", "--detach", "--playground"):
             if flag in rest:
                 setattr(ns, flag[2:].replace("-", "_"), True)
                 rest = [a for a in rest if a != flag]
@@ -485,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         "daemon": lambda: cmd_daemon(ns),
         "quantize": lambda: cmd_quantize(ns),
         "check": lambda: cmd_check(ns),
+        "playground": lambda: cmd_playground(ns),
     }
     try:
         return handlers[ns.cmd]()
