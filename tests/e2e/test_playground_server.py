@@ -128,6 +128,8 @@ def _load(pg, body, timeout=400) -> dict:
     if st.get("daemon") and st["state"] == "ready":
         srv = json.loads(_cli(pg["env"], "daemon", "status", "--json").stdout)["server"]
         pg["model_pgid"] = srv["pid"]
+        # the page's "copy as API request" snippets name the model server itself
+        assert st["base_url"] == f"http://{srv['host']}:{srv['port']}", st
     return st
 
 

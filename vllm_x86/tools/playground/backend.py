@@ -173,6 +173,7 @@ class DaemonBackend:
             "mode": self.mode,
             "daemon": daemon,
             "serving": None,
+            "base_url": None,
         }
         if srv is not None and srv.get("state") in ("starting", "ready"):
             out["serving"] = srv.get("served_name") or srv.get("model")
@@ -203,8 +204,10 @@ class DaemonBackend:
                  "exited": "failed", "stopped": "idle"}.get(srv.get("state"), "idle")  # fmt: skip
         if state == "idle":
             return out
+        host = srv.get("host") or "127.0.0.1"
         out.update(
             state=state, model=name, served_name=name, precision=_precision_of(srv),
+            base_url=f"http://{host if ':' not in host else f'[{host}]'}:{srv.get('port')}",
             max_model_len=_max_len(srv), ready_s=srv.get("ready_s"),
             elapsed_s=round(time.time() - srv["started_at"], 1) if srv.get("started_at") else None,
         )  # fmt: skip
@@ -359,6 +362,7 @@ class AttachedBackend:
             "mode": self.mode,
             "daemon": None,
             "serving": served[0] if served else None,
+            "base_url": self.base,
         }
 
     def upstream(self) -> Upstream | None:
