@@ -8,7 +8,7 @@ DEPS := $(VENV)/.vllm-x86-deps
 KERNELS := $(VENV)/.vllm-x86-kernels
 CSRC := $(wildcard vllm_x86/runtime/csrc/*.cpp vllm_x86/runtime/csrc/*.h)
 
-.PHONY: install wheel demo lint test test-fast test-real-weights fuzz load clean-venv
+.PHONY: install wheel demo playground lint test test-fast test-real-weights fuzz load structured clean-venv
 
 install: $(KERNELS)
 
@@ -54,6 +54,10 @@ wheel: $(DEPS)
 demo: install
 	$(PY) -m vllm_x86.tools.cli demo
 
+# The playground page on http://127.0.0.1:7860/ (Ctrl-C stops it and the daemon it started).
+playground: install
+	$(PY) -m vllm_x86.tools.cli playground
+
 # pytest-xdist workers: one per core, at most 4; they overlap the suite's single-threaded
 # work (see tests/conftest.py). TEST_WORKERS=1 runs the suite in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
@@ -66,7 +70,11 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
+# The playground's browser tests drive Debian's chromium with Playwright (pip cannot
+# bring a browser here: `playwright install` downloads from a CDN); the script installs
+# it with apt-get when missing and allowed, else says why (those tests then skip).
 test: lint
+	@bash scripts/install_chromium.sh
 	$(PY) -m pytest -q --durations=15 $(XDIST)
 
 test-fast: lint
@@ -77,6 +85,12 @@ test-fast: lint
 # cores (docs/reliability.md). Writes a summary into docs/bench/, raw records into out/.
 load: install
 	$(PY) -m vllm_x86.tools.bench.load --summary docs/bench/$$(date +%F)-load-smollm2.json
+
+# JSON-schema answers at the default and a small max_tokens, 45 schemas, beside stock
+# vLLM CPU, and constrained against free tokens/s: about 15 minutes on 2 cores
+# (docs/structured_output.md). Summary and report into docs/bench/, answers into out/.
+structured: install
+	$(PY) -m vllm_x86.tools.bench.structured --summary docs/bench/$$(date +%F)-structured-smollm2.json --report docs/bench/$$(date +%F)-structured-smollm2.md
 
 # Schemathesis against the OpenAI server's OpenAPI description for 15 minutes, every
 # endpoint but those that reconfigure the engine (make test runs 75 s of it).

@@ -198,6 +198,16 @@ SETTINGS: tuple[Setting, ...] = (
         "The command the conformance suite records for a run in "
         "docs/supported_models.json when it runs under pytest.",
     ),
+    Setting(
+        "VLLM_X86_JSON_BUDGET",
+        "1",
+        "JSON-schema requests (response_format json_schema, structured_outputs.json) "
+        "always end as valid JSON: near max_tokens the grammar mask keeps only tokens "
+        "after which the answer still closes in time, and a max_tokens too small for "
+        "any valid instance is a 400 naming the smallest that works "
+        "(docs/structured_output.md); 0: vLLM's own behaviour (the answer is cut at "
+        "max_tokens).",
+    ),
     # Internal: written by the plugin into its own processes' environment.
     Setting(
         "VLLM_X86_CHOSEN",

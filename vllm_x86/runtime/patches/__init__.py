@@ -23,6 +23,8 @@ module each, its docstring the full story:
   API's input without text;
 - ``structured_output``: the plugin's checks of a structured-output request, run
   before vLLM's own (a 400 for a choice the model's tokens cannot spell);
+- ``json_budget``: JSON-schema answers kept within max_tokens (the engine's grammar
+  masks narrowed near the end of the budget; VLLM_X86_JSON_BUDGET);
 - ``engine_death_exit``: the plugin's server exits 1, not 0, when its engine died;
 - ``triton_allocator``: ``no_triton_allocator``, used by ops/gdn.py around one
   constructor;
@@ -48,6 +50,7 @@ from vllm_x86.runtime.patches import (
     api_auth,
     engine_death_exit,
     frontend_warmup,
+    json_budget,
     openai_errors,
     qwen2_vl_torchvision,
     responses_input,
@@ -72,3 +75,4 @@ def apply_all() -> None:
     responses_input.apply()  # in the OpenAI server's process only
     engine_death_exit.apply()  # in the plugin's OpenAI server's process only
     structured_output.apply()
+    json_budget.apply()  # in the engine core's process: the grammar masks

@@ -404,7 +404,9 @@ LEDGER: tuple[Patch, ...] = (
         kind="monkey-patch",
         what="SamplingParams._validate_structured_outputs runs the plugin's structured-output "
         "checks (structured_output.CHECKS) before vLLM's own: a choice that no sequence of "
-        "the model's tokens can spell is refused with VLLMValidationError (a 400)",
+        "the model's tokens can spell is refused with VLLMValidationError (a 400), and so "
+        "is a JSON-schema request whose max_tokens cannot hold the schema's shortest "
+        "instance (the message names the smallest max_tokens that works; json_budget)",
         why="such a choice compiles to a grammar that reaches a state allowing no token; the "
         "scheduler then ends the request with an error and the client got a 500 for its own "
         "input (found by fuzzing, docs/reliability.md)",
@@ -424,6 +426,46 @@ LEDGER: tuple[Patch, ...] = (
         tests=(
             "tests/unit/test_structured_output_checks.py",
             "tests/e2e/test_robustness.py::test_bad_input",
+            "tests/unit/test_json_budget.py::test_front_end_refuses_a_budget_below_the_shortest_instance",
+            "tests/e2e/test_json_budget.py::test_budget_below_the_smallest_is_a_400_naming_it",
+        ),
+    ),
+    Patch(
+        name="json_budget",
+        kind="monkey-patch",
+        what="StructuredOutputManager.grammar_bitmask narrows the mask of each JSON-schema "
+        "request near the end of its token budget to the tokens after which the answer "
+        "still closes into a valid instance in time (the shortest completion, checked "
+        "with a fork of the request's xgrammar matcher); with structured_output's "
+        "json_budget_suffices, a max_tokens below the shortest instance is a 400",
+        why="vLLM's grammar knows no budget: a model that runs on inside a string, an array "
+        "or whitespace is cut at max_tokens and the client gets JSON that does not parse "
+        "(docs/structured_output.md); VLLM_X86_JSON_BUDGET=0 turns it off",
+        symbols=(
+            Symbol(
+                "vllm.v1.structured_output:StructuredOutputManager.grammar_bitmask",
+                "self requests structured_output_request_ids scheduled_spec_decode_tokens",
+                contains=("return bitmask_tensor.numpy()",),
+            ),
+            Symbol("vllm.v1.structured_output.backend_xgrammar:XgrammarGrammar"),
+            Symbol(
+                "vllm.v1.structured_output.request:StructuredOutputRequest.structured_output_key"
+            ),
+            Symbol("vllm.v1.request:Request.num_output_tokens"),
+            Symbol("xgrammar:GrammarMatcher.fork"),
+            Symbol("xgrammar:GrammarMatcher.accept_string"),
+            Symbol(
+                "vllm.v1.engine.core:EngineCore.step_with_batch_queue",
+                contains=("if not scheduler_output.pending_structured_output_tokens:",),
+            ),
+        ),
+        site=("vllm_x86.runtime.patches.json_budget",),
+        vllm_file="vllm/v1/structured_output/__init__.py",
+        written_against=f"{_VLLM}, xgrammar 0.2.8",
+        removed_by="vLLM or xgrammar making structured-output masks aware of max_tokens",
+        tests=(
+            "tests/unit/test_json_budget.py",
+            "tests/e2e/test_json_budget.py",
         ),
     ),
     Patch(

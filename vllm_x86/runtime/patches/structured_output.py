@@ -107,8 +107,74 @@ def choice_spelled_by_vocabulary(params, tokenizer) -> None:
             )
 
 
+_SPELLING: dict[int, object] = {}
+
+
+def spelling(tokenizer):
+    """A ``Spelling`` (fewest tokens for some bytes) of the tokenizer's vocabulary, or
+    None where xgrammar cannot describe it."""
+    vocab = vocabulary(tokenizer)
+    if vocab is None:
+        return None
+    found = _SPELLING.get(id(vocab[0]))
+    if found is None:
+        from vllm_x86.runtime.structured.json_budget import Spelling
+
+        found = _SPELLING[id(vocab[0])] = Spelling(dict.fromkeys(vocab[0], 0))
+    return found
+
+
+def smallest_json_budget(schema, tokenizer) -> tuple[int, bytes] | None:
+    """(the smallest max_tokens a JSON answer to ``schema`` fits in: the tokens of its
+    shortest valid instance, compact, plus one for the end-of-sequence token; that
+    instance), or None where the schema or the tokenizer is not one this can bound."""
+    from vllm_x86.runtime.structured.json_budget import Schema, Unsupported
+
+    spell = spelling(tokenizer)
+    if spell is None:
+        return None
+    try:
+        parsed = Schema(schema)
+        shortest = parsed.shortest(parsed.root)
+    except (Unsupported, ValueError, TypeError, KeyError, IndexError, RecursionError):
+        return None
+    count = spell.count(shortest)
+    return None if count is None else (count + 1, shortest)
+
+
+def json_budget_suffices(params, tokenizer) -> None:
+    """Refuse a JSON-schema request whose max_tokens cannot hold even the shortest valid
+    instance of its schema (runtime/patches/json_budget.py keeps the answer within a
+    budget that can); the 400 names the smallest max_tokens that works."""
+    from vllm_x86.runtime.patches import json_budget
+
+    so = params.structured_outputs
+    max_tokens = getattr(params, "max_tokens", None)
+    if max_tokens is None or tokenizer is None or not json_budget.enabled():
+        return
+    schema = getattr(so, "json", None)
+    if schema is None and getattr(so, "json_object", None):
+        schema = {"type": "object"}
+    if schema is None:
+        return
+    found = smallest_json_budget(schema, tokenizer)
+    if found is None or max_tokens >= found[0]:
+        return
+    from vllm.exceptions import VLLMValidationError
+
+    smallest, shortest = found
+    raise VLLMValidationError(
+        f"max_tokens={max_tokens} is too small for a JSON answer to this schema: its "
+        f"shortest valid instance, {shortest.decode('utf-8', 'replace')}, takes "
+        f"{smallest - 1} tokens and the end-of-sequence token one more; set max_tokens "
+        f"to at least {smallest}.",
+        parameter="max_tokens",
+        value=max_tokens,
+    )
+
+
 # run in order before vLLM's own validation; each takes (sampling params, tokenizer)
-CHECKS = [choice_spelled_by_vocabulary]
+CHECKS = [choice_spelled_by_vocabulary, json_budget_suffices]
 
 
 def apply() -> None:
