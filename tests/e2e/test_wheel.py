@@ -94,6 +94,11 @@ def wheel() -> Path:
     return found[0]
 
 
+PLAYGROUND_STATIC = sorted(
+    p.name for p in (ROOT / "vllm_x86/tools/playground/static").iterdir() if p.is_file()
+)
+
+
 def test_wheel_holds_the_kernels_for_every_isa_and_no_sources(wheel):
     from packaging.specifiers import SpecifierSet
 
@@ -111,6 +116,8 @@ def test_wheel_holds_the_kernels_for_every_isa_and_no_sources(wheel):
         "vllm_x86/tools/quantize/data/calib_text.txt",
         "vllm_x86/tools/quantize/data/eval_text.txt",
         "vllm_x86/tools/conformance/supported_models.json",
+        # the playground's page: served from the package, nothing built at run time
+        *(f"vllm_x86/tools/playground/static/{f}" for f in PLAYGROUND_STATIC),
     ):
         assert data in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
