@@ -112,6 +112,22 @@ def test_pull_list_says_where_each_model_comes_from():
     assert "A hub id (org/name) means the hub model itself" in out
 
 
+def test_output_cut_short_by_the_reader_ends_quietly():
+    """`vllm-x86 pull --list | head -1`: the reader closes the pipe early; the command
+    stops without a traceback (status 141, as after SIGPIPE). The read end is closed
+    before the command has started (its imports take longer), so every write fails."""
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "vllm_x86.tools.cli", "pull", "--list"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
 def test_former_catalog_name_points_at_the_new_one():
     p = cli("serve", "qwen2.5-coder-0.5b-instruct", "--no-daemon")
     assert p.returncode == 1
