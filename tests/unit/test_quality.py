@@ -57,3 +57,21 @@ def test_summary_of_an_older_raw_file_and_its_table():
     table = quality.render(s)
     assert "model m; 2046 tokens scored in 2 windows of 1024" in table
     assert "| x86_int8 | 12.120 | +1.00 % | 0 % | 50 % |" in table
+
+
+def test_bad_model_or_variant_is_one_sentence(capsys, monkeypatch):
+    """An unknown model name exits 1 with pull's sentence, no traceback; an unknown
+    variant is refused before any model is fetched."""
+    from vllm_x86.tools.models import pull
+
+    with pytest.raises(SystemExit) as e:
+        quality.main(["--model", "no-such-model"])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert "unknown model 'no-such-model'" in err and "Traceback" not in err
+
+    monkeypatch.setattr(pull, "resolve_model", lambda m: pytest.fail("pulled a model"))
+    with pytest.raises(SystemExit) as e:
+        quality.main(["--variants", "x86_int4,nosuch"])
+    assert e.value.code == 2
+    assert "unknown variants ['nosuch']" in capsys.readouterr().err

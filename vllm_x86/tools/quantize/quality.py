@@ -269,14 +269,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.child:
         _child(a)
         return 0
-    from vllm_x86.tools.models.pull import resolve_model
+    from vllm_x86.tools.models.pull import PullError, resolve_model
 
-    model_arg = a.model
-    a.model = resolve_model(a.model)  # a catalog name is pulled first
     names = a.variants.split(",")
     unknown = [n for n in names if n not in VARIANTS and n not in CONVERTED]
-    if unknown:
+    if unknown:  # before the model is pulled
         ap.error(f"unknown variants {unknown}; choose from {', '.join([*VARIANTS, *CONVERTED])}")
+    model_arg = a.model
+    try:
+        a.model = resolve_model(a.model)  # a catalog name is pulled first
+    except PullError as e:
+        ap.exit(1, f"{ap.prog}: {e}\n")
     if BASELINE not in names:
         names.insert(0, BASELINE)
     from vllm_x86.tools.bench.harness import machine_info
