@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_x86.tools.cli.common import _flag_value
 from vllm_x86.tools.playground.models import (
     PRECISION_OF,
     LoadPlan,
@@ -42,18 +43,9 @@ class Upstream:
     max_model_len: int | None = None
 
 
-def _flag(args: list[str], name: str) -> str | None:
-    for i, a in enumerate(args):
-        if a == name and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def _precision_of(srv: dict) -> str:
     args = srv.get("args") or []
-    q = _flag(args, "--quantization")
+    q = _flag_value(args, "--quantization")
     if q in PRECISION_OF:
         return PRECISION_OF[q]
     try:
@@ -69,7 +61,7 @@ def _precision_of(srv: dict) -> str:
 
 
 def _max_len(srv: dict) -> int | None:
-    v = _flag(srv.get("args") or [], "--max-model-len")
+    v = _flag_value(srv.get("args") or [], "--max-model-len")
     try:
         return int(v) if v is not None else None
     except ValueError:
