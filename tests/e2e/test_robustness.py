@@ -99,6 +99,7 @@ BAD = [
     pytest.param(CHAT, chat(structured_outputs={"grammar": "root ::= ("}), 400, ["Invalid grammar"], id="chat-structured-bad-grammar"),
     pytest.param(CHAT, chat(structured_outputs={"choice": []}), 400, ["cannot be an empty list"], id="chat-structured-empty-choice"),
     pytest.param(CHAT, chat(structured_outputs={"choice": ["@\u0014x", "yes"]}), 400, ["choice[0]", "U+0014", "no token"], id="chat-choice-unspellable"),
+    pytest.param(COMP, comp(structured_outputs={"regex": "[0-9]+\u0014"}), 400, ["regex requires", "U+0014", "no token"], id="comp-regex-unspellable"),
     # non-UTF-8 bytes
     pytest.param(CHAT, b'{"messages": [{"role": "user", "content": "\xff\xfe"}], "max_tokens": 2}', 400, ["not valid UTF-8", "0xff"], id="chat-non-utf8"),
     pytest.param(COMP, b'{"prompt": "\xc3\x28", "max_tokens": 2}', 400, ["not valid UTF-8", "0xc3"], id="comp-non-utf8"),

@@ -62,3 +62,22 @@ def test_the_check_runs_inside_vllms_validation(tokenizer):
         p._validate_structured_outputs(model, config, tokenizer)
     with pytest.raises(VLLMValidationError, match="cannot be an empty list"):
         params(choice=[])._validate_structured_outputs(model, config, tokenizer)
+
+
+def test_mandatory_literals_of_a_regex():
+    assert so.mandatory_literals("@\x14x") == ["@", "\x14", "x"]
+    assert so.mandatory_literals("(ab)+c{2}") == ["a", "b", "c"]
+    assert so.mandatory_literals("\\d+\\x14") == ["\x14"]  # the escape, as xgrammar reads it
+    # not required by every match, or not read: nothing
+    for pattern in ("a|\x14", "[\x14a]", "(\x14)?", "\x14*", "(?i)\x14", "(("):
+        assert so.mandatory_literals(pattern) == [], pattern
+
+
+def test_regex_the_vocabulary_cannot_write_is_refused(tokenizer):
+    from vllm.exceptions import VLLMValidationError
+
+    with pytest.raises(VLLMValidationError, match=r"regex requires the character U\+0014"):
+        so.regex_spelled_by_vocabulary(params(regex="[0-9]+\x14"), tokenizer)
+    # ordinary patterns, and an unwritable character that a match can avoid, pass
+    for pattern in ("[0-9]{3}-[a-z]+", "héllo 日本", "a|\x14", "[\x14a]"):
+        so.regex_spelled_by_vocabulary(params(regex=pattern), tokenizer)

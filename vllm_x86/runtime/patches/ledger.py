@@ -404,8 +404,9 @@ LEDGER: tuple[Patch, ...] = (
         kind="monkey-patch",
         what="SamplingParams._validate_structured_outputs runs the plugin's structured-output "
         "checks (structured_output.CHECKS) before vLLM's own: a choice that no sequence of "
-        "the model's tokens can spell is refused with VLLMValidationError (a 400), and so "
-        "is a JSON-schema request whose max_tokens cannot hold the schema's shortest "
+        "the model's tokens can spell is refused with VLLMValidationError (a 400), as is a "
+        "regex every match of which needs a character no token can write, and "
+        "a JSON-schema request whose max_tokens cannot hold the schema's shortest "
         "instance (the message names the smallest max_tokens that works; json_budget)",
         why="such a choice compiles to a grammar that reaches a state allowing no token; the "
         "scheduler then ends the request with an error and the client got a 500 for its own "

@@ -16,6 +16,10 @@ UTF-8 bytes into tokens of the vocabulary xgrammar uses for its masks (the same
 ``TokenizerInfo``), and refuses a choice that cannot be spelled, naming the first
 character that cannot. Where xgrammar cannot describe the tokenizer (a tokenizer that is
 not a Hugging Face one), the check does not apply and vLLM decides as before.
+``regex_spelled_by_vocabulary`` does the same for a ``regex``, for the characters every
+match must hold (literals outside alternatives and classes): one with a byte that no
+token contains is refused. A dead end it does not see (a class or an alternative all of
+whose characters are unwritable) still ends as before.
 
 Upstream change that removes it: vLLM refusing an unspellable constraint at validation,
 or answering a grammar dead end with a client error.
@@ -24,6 +28,7 @@ or answering a grammar dead end with a client error.
 from __future__ import annotations
 
 import logging
+import re
 import weakref
 
 from vllm_x86.runtime.patches.ledger import MARK
@@ -107,6 +112,67 @@ def choice_spelled_by_vocabulary(params, tokenizer) -> None:
             )
 
 
+def mandatory_literals(pattern: str) -> list[str]:
+    """The characters every match of `pattern` contains, as far as a plain walk of its
+    parse finds them: literals in sequence, in groups and in repeats of at least one (not
+    in alternatives, classes or case-insensitive patterns). Parsed by Python's regular
+    expression parser; a pattern it cannot read gives none (vLLM's xgrammar judges it)."""
+    try:
+        import re._parser as sre_parse  # Python 3.11+
+        from re._constants import LITERAL, MAX_REPEAT, MIN_REPEAT, SUBPATTERN
+    except ImportError:
+        return []
+    try:
+        parsed = sre_parse.parse(pattern)
+    except Exception:
+        return []
+    if parsed.state.flags & re.IGNORECASE:
+        return []
+    found: list[str] = []
+
+    def walk(items) -> None:
+        for op, av in items:
+            if op is LITERAL:
+                found.append(chr(av))
+            elif op is SUBPATTERN:
+                walk(av[-1])
+            elif op in (MAX_REPEAT, MIN_REPEAT) and av[0] >= 1:
+                walk(av[2])
+
+    walk(parsed)
+    return found
+
+
+def regex_spelled_by_vocabulary(params, tokenizer) -> None:
+    """Refuse a ``regex`` that every match of which holds a character with a byte no
+    token of the vocabulary contains: the grammar would reach a state that allows no
+    token, as for an unspellable choice (see the docstring)."""
+    pattern = getattr(params.structured_outputs, "regex", None)
+    if not isinstance(pattern, str) or not pattern or tokenizer is None:
+        return
+    vocab = vocabulary(tokenizer)
+    if vocab is None:
+        return
+    known = _BYTES.get(id(vocab[0]))
+    if known is None:
+        known = frozenset(b for t in vocab[0] for b in t)
+        _BYTES.clear()
+        _BYTES[id(vocab[0])] = known
+    for ch in mandatory_literals(pattern):
+        if any(b not in known for b in ch.encode("utf-8", "surrogatepass")):
+            from vllm.exceptions import VLLMValidationError
+
+            raise VLLMValidationError(
+                f"structured_outputs.regex requires the character U+{ord(ch):04X}, which "
+                "no token of this model's vocabulary can write, so no answer could match "
+                "it: remove or replace it.",
+                parameter="structured_outputs.regex",
+            )
+
+
+# id of a vocabulary's token set -> the bytes its tokens contain
+_BYTES: dict[int, frozenset[int]] = {}
+
 _SPELLING: dict[int, object] = {}
 
 
@@ -174,7 +240,7 @@ def json_budget_suffices(params, tokenizer) -> None:
 
 
 # run in order before vLLM's own validation; each takes (sampling params, tokenizer)
-CHECKS = [choice_spelled_by_vocabulary, json_budget_suffices]
+CHECKS = [choice_spelled_by_vocabulary, regex_spelled_by_vocabulary, json_budget_suffices]
 
 
 def apply() -> None:
