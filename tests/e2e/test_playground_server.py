@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import PYTHON, clean_env
 from tests.e2e.conftest import ServeProcess
+from tests.e2e.playground_browser import Playground
 from vllm_x86.tools.daemon import paths
 
 pytestmark = pytest.mark.slow
@@ -42,8 +43,6 @@ def _cli(env, *args, timeout=120):
 
 @pytest.fixture(scope="module")
 def pg(default_model, tmp_path_factory):
-    from vllm_x86.tools.ports import free_port
-
     root = tmp_path_factory.mktemp("playground")
     mine = root / "mine"
     mine.mkdir()
@@ -56,50 +55,20 @@ def pg(default_model, tmp_path_factory):
     empty.mkdir()
     cfg = json.loads((default_model / "config.json").read_text())
     (empty / "config.json").write_text(json.dumps(cfg))
-    env = clean_env(VLLM_X86_DAEMON_DIR=str(root / "daemon"))
+    env = clean_env()
     env.pop("VLLM_API_KEY", None)
-    port = free_port()
-    log = open(root / "playground.log", "w")
-    proc = subprocess.Popen(
-        [PYTHON, "-m", "vllm_x86.tools.cli", "playground", "--port", str(port),
-         "--api-key", KEY, "--models-dir", str(mine)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    info = {"base": base, "env": env, "root": root, "mine": mine, "proc": proc,
-            "log": root / "playground.log"}  # fmt: skip
+    srv = Playground(root, env, args=("--api-key", KEY, "--models-dir", str(mine)))
+    info = {"base": srv.base, "env": srv.env, "root": root, "mine": mine, "proc": srv.proc,
+            "log": srv.log_path}  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, info["log"].read_text()[-3000:]
-            try:
-                if httpx.get(base + "/api/health", headers=AUTH, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, info["log"].read_text()[-3000:]
-            time.sleep(0.3)
         yield info
     finally:
-        f = paths.files(root / "daemon")
-        daemon_pid = paths.read_pid(f)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)  # the playground stops the daemon it started
+        srv.stop()  # the playground (which stops the daemon it started), then the daemon
+        if info.get("model_pgid"):  # a model server the daemon could not stop
             try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log.close()
-        info["daemon_left"] = daemon_pid is not None and paths.is_daemon_process(daemon_pid)
-        if info["daemon_left"]:
-            _cli(env, "daemon", "stop")
-        for pg_id in (proc.pid, daemon_pid, info.get("model_pgid")):
-            if pg_id:
-                try:
-                    os.killpg(pg_id, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                os.killpg(info["model_pgid"], signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _get(pg, path, **kw):
