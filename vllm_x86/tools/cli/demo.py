@@ -4,13 +4,12 @@ Pull the default model, start `vllm-x86 serve` on a free loopback port, wait unt
 is ready (showing progress), ask one question through the OpenAI API, print the
 answer and the decode speed, and stop the server, whatever happens.
 
-The server runs eagerly (`--enforce-eager`) unless `--compiled` is given: an eager
-start takes seconds where a first compiled start compiles the model for over a minute
-on a small CPU (docs/startup.md), and the plugin's eager bf16 gives transformers'
-greedy answer to the default question on every CPU measured, while compiled bf16 takes
-the other side of a near tie on the AMD EPYC (tests/models/test_default_model_parity.py).
-With `--compiled` the server compiles before it answers (VLLM_X86_STAGED_WARMUP=0 unless
-you set it), so the answer is the compiled model's.
+The server runs as `vllm-x86 serve` runs it: compiled. The demo first compiles the
+default model for this CPU if no earlier pull or demo did (tools/models/compile_ahead.py:
+a minute or two on a small CPU, once), so the server answers compiled from the first
+request and the answer is the one a user of `vllm-x86 serve` gets. `--eager` serves
+eagerly instead (`--enforce-eager`: starts in seconds, nothing compiled); where no C++
+compiler exists the demo says so and serves eagerly.
 
 With a standby daemon running, `vllm-x86 serve` hands the model to it and stays attached
 (tools/daemon/cli.py): stopping that command at the end stops the model server it
@@ -89,17 +88,27 @@ def _say_if_daemon() -> None:
         )
 
 
-def run_demo(question: str, port: int = 0, max_tokens: int = 64, compiled: bool = False) -> int:
+def run_demo(question: str, port: int = 0, max_tokens: int = 64, eager: bool = False) -> int:
     import openai
 
     from vllm_x86.tools.cli.common import chat_once
+    from vllm_x86.tools.models.compile_ahead import CompileAheadError, can_compile, compile_ahead
 
     print(f"[demo] 1/4 pull {DEFAULT_MODEL}", file=sys.stderr, flush=True)
-    pull(DEFAULT_MODEL)
+    model_dir = pull(DEFAULT_MODEL)
+    compiled = not eager
+    if compiled and (why_not := can_compile()) is not None:
+        print(f"[demo] serving eagerly: {why_not}", file=sys.stderr, flush=True)
+        compiled = False
+    if compiled:
+        try:
+            compile_ahead(DEFAULT_MODEL, model_dir)
+        except CompileAheadError as e:  # the serve below then compiles before answering
+            print(f"[demo] {e}", file=sys.stderr, flush=True)
     port = port or free_port()
     base = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile(prefix="vllm-x86-demo-", suffix=".log", delete=False)
-    mode = "compiled (the first start compiles the model)" if compiled else "eager"
+    mode = "compiled, as `vllm-x86 serve` runs it" if compiled else "eager"
     print(
         f"[demo] 2/4 start the server on {base}, {mode} (log: {log.name})",
         file=sys.stderr,
@@ -108,7 +117,7 @@ def run_demo(question: str, port: int = 0, max_tokens: int = 64, compiled: bool 
     t_start = time.monotonic()
     cmd = [sys.executable, "-m", "vllm_x86.tools.cli", "serve", "--port", str(port)]
     env = dict(os.environ)
-    if compiled:  # answer from the compiled model: compile first, not staged (staged.py)
+    if compiled:  # answer from the compiled model: never from a staged eager start
         env.setdefault("VLLM_X86_STAGED_WARMUP", "0")
     else:
         cmd.append("--enforce-eager")

