@@ -379,6 +379,17 @@ def test_error_from_log_quotes_the_root_cause(tmp_path):
         "Worker proc VllmWorker-0 died unexpectedly (exit code: -9), shutting down executor. "
         "... RuntimeError: cancelled"
     )
+    engine = tmp_path / "engine.log"
+    engine.write_text(
+        "(APIServer pid=6) WARNING 12-05 15:42:39 [core_client.py:817] [shutdown] MPClient: "
+        "engine core exited unexpectedly; starting cleanup\n(APIServer pid=6) ERROR 12-05 "
+        "15:42:39 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore "
+        "encountered an issue. See stack trace (above) for the root cause.\n"
+    )
+    assert error_from_log(engine).startswith(
+        "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup ... "
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."
+    )
     empty = tmp_path / "empty.log"
     empty.write_text("")
     assert "printed nothing" in error_from_log(empty)

@@ -23,6 +23,7 @@ print("CONFIG " + json.dumps({
     "method": os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"),
     "frozen": __import__("gc").get_freeze_count(),
     "gomp": os.environ.get("GOMP_SPINCOUNT"),
+    "executor": cfg.parallel_config.distributed_executor_backend,
 }))
 """
 
@@ -108,6 +109,19 @@ def test_serve_forks_the_engine_from_a_frozen_heap(model, fork):
     c = config(model, VLLM_X86_SERVE_DEFAULTS="1", VLLM_X86_ENGINE_FORK=fork)
     assert c["method"] == ("fork" if fork == "1" else "spawn")
     assert (c["frozen"] > 10_000) == (fork == "1"), c["frozen"]
+
+
+@pytest.mark.slow  # fresh interpreters importing vLLM (~10 s each here)
+def test_one_worker_runs_in_the_engine_process(model):
+    """In `vllm-x86 serve` (serve defaults, forked engine) one worker runs inside the
+    engine-core process ('uni'); vLLM CPU's worker process ('mp') with the setting off,
+    outside the plugin's servers, or when the user names a backend."""
+    assert config(model, VLLM_X86_SERVE_DEFAULTS="1")["executor"] == "uni"
+    off = config(model, VLLM_X86_SERVE_DEFAULTS="1", VLLM_X86_WORKER_IN_ENGINE="0")
+    assert off["executor"] == "mp"
+    assert config(model)["executor"] == "mp"  # the LLM class, vLLM's own server
+    named = config(model, {"distributed_executor_backend": "mp"}, VLLM_X86_SERVE_DEFAULTS="1")
+    assert named["executor"] == "mp"
 
 
 def test_validate_environ_hides_only_the_plugins_settings(monkeypatch):

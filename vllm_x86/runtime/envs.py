@@ -113,6 +113,15 @@ SETTINGS: tuple[Setting, ...] = (
         "CPU does whatever VLLM_WORKER_MULTIPROC_METHOD says.",
     ),
     Setting(
+        "VLLM_X86_WORKER_IN_ENGINE",
+        "auto",
+        "With one worker, run it inside vLLM's engine-core process (vLLM's UniProcExecutor) "
+        "instead of the separate worker process vLLM CPU always starts. auto: for servers "
+        "started by `vllm-x86 serve` or its daemon (VLLM_X86_SERVE_DEFAULTS=1) whose "
+        "engine processes are forked (VLLM_X86_ENGINE_FORK); 1: also with other entry "
+        "points; 0: vLLM CPU's worker process.",
+    ),
+    Setting(
         "VLLM_X86_KV_ZERO_PAGES",
         "1",
         "The worker allocates vLLM's KV cache from fresh zero pages of an anonymous "

@@ -219,10 +219,12 @@ class X86Platform(CpuPlatform):
         cls._apply_mla_backend(vllm_config)
         # what vLLM decided before vLLM CPU switches it off
         async_sched = vllm_config.scheduler_config.async_scheduling
+        backend = vllm_config.parallel_config.distributed_executor_backend
         super().check_and_update_config(vllm_config)  # sets vLLM CPU's "spawn"
         cls._apply_async_scheduling(vllm_config, async_sched)
         cls._warn_without_compiler(vllm_config)
         cls._apply_engine_start()
+        cls._apply_worker_in_engine(vllm_config, backend)
         from vllm_x86.runtime.startup import compile_cache
 
         compile_cache.apply(vllm_config)
@@ -311,6 +313,44 @@ class X86Platform(CpuPlatform):
             "engine_start",
             "vllm-x86: engine-core and worker processes start by fork, inheriting this "
             "process's imports (VLLM_X86_ENGINE_FORK=0: vLLM CPU's spawn)",
+        )
+
+    @classmethod
+    def _apply_worker_in_engine(cls, vllm_config, backend_before) -> None:
+        """One worker runs inside the engine-core process (vLLM's UniProcExecutor)
+        instead of a process of its own (VLLM_X86_WORKER_IN_ENGINE).
+
+        vLLM CPU always starts its worker as a separate process ("mp"), because it binds
+        the worker's OpenMP threads through the environment that process starts with.
+        With one worker that costs a third process beside the API server and the engine
+        core: a shared-memory hand-off each way per step, a polling loop, and one more
+        copy of torch and vLLM in memory. Where the plugin starts the engine itself
+        (`vllm-x86 serve` and its daemon: VLLM_X86_SERVE_DEFAULTS=1) the engine-core
+        process is forked from a server that has run no OpenMP region, and the plugin
+        pins the worker's threads itself (worker.py, _pin_forked_threads), so the worker
+        can live in the engine core. Only when vLLM chose "uni" for one worker and vLLM
+        CPU replaced it: an explicit --distributed-executor-backend, several ranks, or
+        data parallel keep vLLM's choice (ledger: worker_in_engine_process)."""
+        parallel = vllm_config.parallel_config
+        mode = envs.get("VLLM_X86_WORKER_IN_ENGINE").strip().lower()
+        if mode in ("0", "false", "no", "off"):
+            return
+        if mode == "auto" and not envs.serve_defaults():
+            return
+        if os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") != "fork" and mode == "auto":
+            return  # a spawned engine core gets no thread pinning from the plugin
+        if (
+            backend_before != "uni"
+            or parallel.distributed_executor_backend != "mp"
+            or parallel.world_size_across_dp > 1
+            or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "1"
+        ):
+            return
+        parallel.distributed_executor_backend = "uni"
+        _info_once(
+            "worker_in_engine",
+            "vllm-x86: the worker runs inside the engine-core process (one process fewer "
+            "per step and in memory; VLLM_X86_WORKER_IN_ENGINE=0: vLLM CPU's worker process)",
         )
 
     @classmethod

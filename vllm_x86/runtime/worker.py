@@ -82,7 +82,9 @@ class X86Worker(CPUWorker):
         self.parallel_config.disable_custom_all_reduce = True
 
     def init_device(self) -> None:
-        if os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "fork":
+        if self.parallel_config.distributed_executor_backend == "uni":
+            _pin_threads_in_engine(self.vllm_config, self.local_rank)
+        elif os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "fork":
             _pin_forked_threads()
         super().init_device()
 
@@ -227,6 +229,36 @@ def _pin_forked_threads() -> None:
 
     got = C.bind_threads(cpus)
     logger.info("vllm-x86: forked worker: OpenMP threads pinned to CPUs %s", got)
+
+
+def _pin_threads_in_engine(vllm_config, local_rank: int) -> None:
+    """A worker inside the engine-core process (VLLM_X86_WORKER_IN_ENGINE, platform.py)
+    gets no worker process, so nothing hands it vLLM's thread binding through the
+    environment. The CPUs are vLLM's own choice for this rank (its OMPProcessManager,
+    from VLLM_CPU_OMP_THREADS_BIND), and the threads are pinned here as for a forked
+    worker."""
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    manager = OMPProcessManager(vllm_config)
+    if manager.skip_setup or not manager.cpu_lists:
+        logger.info("vllm-x86: worker in the engine process: threads left unbound (nobind)")
+        return
+    cpus = [int(c) for c in manager.cpu_lists[local_rank]]
+    from vllm_x86.runtime.ops import kernels
+
+    if not kernels.available():
+        logger.warning(
+            "vllm-x86: worker in the engine process: the plugin's kernels did not load "
+            "(%s), so its threads cannot be pinned to CPUs %s; set "
+            "VLLM_X86_WORKER_IN_ENGINE=0 or run `make install`",
+            kernels.load_error(),
+            cpus,
+        )
+        return
+    import vllm_x86.runtime._C as C
+
+    got = C.bind_threads(cpus)
+    logger.info("vllm-x86: worker in the engine process: OpenMP threads pinned to CPUs %s", got)
 
 
 # A compiled model loaded from vLLM's cache needs no full-size warm-up run.

@@ -758,6 +758,46 @@ LEDGER: tuple[Patch, ...] = (
         ),
     ),
     Patch(
+        name="worker_in_engine_process",
+        kind="environment",
+        what="in the plugin's own servers with one worker, X86Platform sets "
+        "parallel_config.distributed_executor_backend back to 'uni' after vLLM CPU's "
+        "check_and_update_config replaced it with 'mp' (VLLM_X86_WORKER_IN_ENGINE); the "
+        "worker then pins its threads to the CPUs vLLM's OMPProcessManager gives its rank",
+        why="vLLM CPU starts a worker process only to hand it its thread binding through "
+        "the environment; with the engine forked from a server that ran no OpenMP region "
+        "the plugin pins the threads itself, and one process fewer saves a hand-off each "
+        "way per step and a copy of torch and vLLM in memory",
+        symbols=(
+            Symbol(
+                "vllm.platforms.cpu:CpuPlatform.check_and_update_config",
+                "cls vllm_config",
+                contains=('parallel_config.distributed_executor_backend = "mp"',),
+            ),
+            Symbol(
+                "vllm.utils.ompmultiprocessing:OMPProcessManager.__init__",
+                "self config",
+                contains=("self._parse_omp_threads_bind_env()",),
+            ),
+            Symbol(
+                "vllm.utils.ompmultiprocessing:OMPProcessManager._parse_omp_threads_bind_env",
+                "self",
+                contains=("self.skip_setup =", "self.cpu_lists ="),
+            ),
+        ),
+        site=(
+            "vllm_x86.runtime.platform:X86Platform._apply_worker_in_engine",
+            "vllm_x86.runtime.worker:_pin_threads_in_engine",
+        ),
+        vllm_file="vllm/platforms/cpu.py, vllm/utils/ompmultiprocessing.py",
+        written_against=_VLLM,
+        removed_by="vLLM CPU binding a UniProcExecutor worker's threads at run time",
+        tests=(
+            "tests/unit/test_platform_config.py::test_one_worker_runs_in_the_engine_process",
+            "tests/e2e/test_robustness.py::test_a_killed_model_worker_ends_the_stream_with_an_error_and_the_server_exits",
+        ),
+    ),
+    Patch(
         name="amx_probe",
         kind="private use",
         what="torch.cpu._is_amx_tile_supported() answers whether vLLM picks its AMX "

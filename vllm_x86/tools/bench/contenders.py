@@ -81,6 +81,13 @@ CONTENDERS: dict[str, Contender] = {
             {"VLLM_X86_ENGINE_FORK": "0"},
         ),
         Contender(
+            "plugin-worker-process",
+            "plugin-server",
+            "vllm-x86 with the worker in a process of its own, as vLLM CPU starts it "
+            "(VLLM_X86_WORKER_IN_ENGINE=0), instead of inside the engine-core process",
+            {"VLLM_X86_WORKER_IN_ENGINE": "0"},
+        ),
+        Contender(
             "plugin-async",
             "plugin-server",
             "vllm-x86 with vLLM's asynchronous scheduling kept (VLLM_X86_ASYNC_SCHEDULING=1): "

@@ -242,8 +242,10 @@ class ModelServer:
 
 _ERROR_LINE = re.compile(r"^(?:\([^)]*\)\s+)?(?:ERROR\s.*?\]\s+)?([\w.]*(?:Error|Exception)\b.*)$")
 # A process of the server that died (vLLM's executor: "Worker proc VllmWorker-0 died
-# unexpectedly (exit code: -9), shutting down executor."): the root cause of what follows.
-_DIED_LINE = re.compile(r"\]\s+(.*\bdied unexpectedly\b.*)$")
+# unexpectedly (exit code: -9), shutting down executor."; with the worker inside the
+# engine process, vLLM's client: "MPClient: engine core exited unexpectedly; starting
+# cleanup"): the root cause of what follows.
+_DIED_LINE = re.compile(r"\]\s+(.*\b(?:died|exited) unexpectedly\b.*)$")
 
 
 def error_from_log(path: Path) -> str:
