@@ -224,7 +224,7 @@ def test_quantize_on_a_full_disk(disk, tiny_bf16, capfd):
     out_disk = disk("out", "size=2m")
     out = out_disk / "int8"
     filler = fill(out_disk, 150_000)
-    assert main(["quantize", str(tiny_bf16), str(out), "--bits", "8"]) == 1
+    assert main(["quantize", str(tiny_bf16), str(out), "--bits", "8", "--no-compile"]) == 1
     err = capfd.readouterr().err
     no_traceback(err)
     assert f"vllm-x86: error: no space left on {out_disk} (needs up to " in err, err
@@ -241,7 +241,7 @@ def test_quantize_on_a_full_disk(disk, tiny_bf16, capfd):
         (tiny_bf16 / "model.safetensors").read_bytes()[:50_000]
     )
     filler.unlink()
-    assert main(["quantize", str(tiny_bf16), str(out), "--bits", "8"]) == 0
+    assert main(["quantize", str(tiny_bf16), str(out), "--bits", "8", "--no-compile"]) == 0
     said = capfd.readouterr().out
     assert (
         f"removed what an interrupted `vllm-x86 quantize` left in {out_disk}: int8.partial ("
@@ -253,7 +253,7 @@ def test_quantize_on_a_full_disk(disk, tiny_bf16, capfd):
 @needs_quant_kernels
 def test_quantize_into_a_read_only_directory(disk, tiny_bf16, capfd):
     ro = disk("ro", "ro")
-    assert main(["quantize", str(tiny_bf16), str(ro / "int8"), "--bits", "8"]) == 1
+    assert main(["quantize", str(tiny_bf16), str(ro / "int8"), "--bits", "8", "--no-compile"]) == 1
     err = capfd.readouterr().err
     no_traceback(err)
     assert (

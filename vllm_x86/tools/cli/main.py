@@ -251,6 +251,10 @@ def cmd_quantize(ns: argparse.Namespace) -> int:
         )
     except ConvertError as e:
         raise CliError(str(e)) from None
+    if not ns.no_compile:
+        from pathlib import Path
+
+        _compile_after_pull(ns.out, Path(ns.out))
     return 0
 
 
@@ -501,6 +505,13 @@ def build_parser() -> argparse.ArgumentParser:
         "instead of +30 %%) or rtn (round to nearest, as quantizing while loading does; seconds)",
     )
     qz.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+    qz.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="do not compile OUT for this CPU afterwards (by default quantize runs "
+        "`vllm-x86 serve OUT` once with the compile in the foreground, so that the first "
+        "`vllm-x86 serve OUT`, given the same path, runs compiled from its first request)",
+    )
     qz.add_argument(
         "--lm-head",
         nargs="?",
