@@ -528,3 +528,54 @@ print("FOUND " + json.dumps({"attrs": found, "hooks": hooks}))
     }
     hook_sites = {s for r in LEDGER if r.kind == "import hook" for s in r.site}
     assert found["hooks"] and set(found["hooks"]) <= hook_sites
+
+
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)
+def test_step_profile_patches_only_what_its_record_names(tmp_path):
+    """VLLM_X86_STEP_PROFILE (the harness's profiling mode) adds exactly the wrappers its
+    record names to what apply_all installs; without it, apply_all installs none of them
+    (the expected set of the test above)."""
+    code = r"""
+import json, os, sys, types
+from vllm_x86.runtime import patches
+
+def found():
+    out = set()
+    for name, mod in list(sys.modules.items()):
+        if mod is None or name.split(".")[0] != "vllm":
+            continue
+        for k, v in list(vars(mod).items()):
+            if isinstance(v, type) and v.__module__ == name:
+                for a, f in list(vars(v).items()):
+                    if isinstance(f, types.FunctionType) and f.__module__.startswith("vllm_x86"):
+                        out.add(f"{name}:{v.__qualname__}.{a}")
+    return out
+
+os.environ.pop("VLLM_X86_STEP_PROFILE", None)
+patches.apply_all()
+from vllm_x86.runtime.patches import step_profile
+import importlib
+for m, _, _ in step_profile.TARGETS:
+    importlib.import_module(m)
+off = found()
+os.environ["VLLM_X86_STEP_PROFILE"] = sys.argv[1]
+patches.apply_all()
+on = found()
+print("FOUND " + json.dumps({"off": sorted(off), "on": sorted(on)}))
+"""
+    p = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = [x for x in p.stdout.splitlines() if x.startswith("FOUND ")]
+    assert line, p.stderr[-3000:]
+    found = json.loads(line[0][6:])
+    added = set(found["on"]) - set(found["off"])
+    record = {s.path for s in ledger.get("step_profile").symbols}
+    from vllm_x86.runtime.patches.step_profile import TARGETS
+
+    assert added == {f"{m}:{c}.{a}" for m, c, a in TARGETS}
+    assert added <= record
+    assert not added & set(found["off"])

@@ -217,6 +217,15 @@ SETTINGS: tuple[Setting, ...] = (
         "(docs/structured_output.md); 0: vLLM's own behaviour (the answer is cut at "
         "max_tokens).",
     ),
+    Setting(
+        "VLLM_X86_STEP_PROFILE",
+        "",
+        "A directory: the server's processes time the parts of each engine step (API "
+        "server output processing, scheduler, worker round trip, input preparation, "
+        "forward, LM head, sampling) and write them there, and the worker profiles its "
+        "forward's ops on request (runtime/patches/step_profile.py; the harness's "
+        "profiling mode, docs/overhead.md, sets it). Empty: off, nothing patched.",
+    ),
     # Internal: written by the plugin into its own processes' environment.
     Setting(
         "VLLM_X86_CHOSEN",

@@ -31,7 +31,9 @@ module each, its docstring the full story:
 - ``api_auth``: with an API key, vLLM's server asks for it on every route but the
   probes, metrics and the API description;
 - ``model_inspection``: ``inspect_models_in_process``, applied by the conformance
-  suite's worker to itself.
+  suite's worker to itself;
+- ``step_profile``: timing wrappers for the harness's profiling mode, only with
+  VLLM_X86_STEP_PROFILE set (docs/overhead.md).
 
 The others live where they must, in the worker (its constructor and hooks), the
 start-up code (staged.py, kv_alloc.py), the platform (``validate_environ``) and the op
@@ -54,6 +56,7 @@ from vllm_x86.runtime.patches import (
     openai_errors,
     qwen2_vl_torchvision,
     responses_input,
+    step_profile,
     structured_output,
     tied_embedding_gemm,
 )
@@ -76,3 +79,4 @@ def apply_all() -> None:
     engine_death_exit.apply()  # in the plugin's OpenAI server's process only
     structured_output.apply()
     json_budget.apply()  # in the engine core's process: the grammar masks
+    step_profile.apply()  # only with VLLM_X86_STEP_PROFILE set

@@ -514,6 +514,88 @@ LEDGER: tuple[Patch, ...] = (
     ),
     # --------------------------------------------------- worker, start-up, platform
     Patch(
+        name="step_profile",
+        kind="monkey-patch",
+        what="only with VLLM_X86_STEP_PROFILE set: timing wrappers (each calling vLLM's "
+        "method unchanged) around the API server's output processing, the engine core's "
+        "step, scheduler and worker round trip, and the worker's execute_model, forward, "
+        "LM head and sampler; on request, torch's profiler over the worker's forward",
+        why="the harness's profiling mode (tools/bench/overhead.py, docs/overhead.md) "
+        "reports where a decode step's time goes across the three processes of a server; "
+        "vLLM's own torch-profiler hook traces whole steps with its overhead on every op "
+        "and cannot see the hand-offs between processes",
+        symbols=(
+            Symbol(
+                "vllm.v1.engine.output_processor:OutputProcessor.process_outputs",
+                "self engine_core_outputs engine_core_timestamp iteration_stats weight_version",
+            ),
+            Symbol("vllm.v1.engine.core:EngineCoreProc._process_engine_step", "self"),
+            Symbol("vllm.v1.core.sched.scheduler:Scheduler.schedule", "self throttle_prefills"),
+            Symbol(
+                "vllm.v1.core.sched.scheduler:Scheduler.update_from_output",
+                "self scheduler_output model_runner_output",
+            ),
+            Symbol(
+                "vllm.v1.executor.multiproc_executor:MultiprocExecutor.execute_model",
+                "self scheduler_output non_block",
+            ),
+            Symbol(
+                "vllm.v1.executor.multiproc_executor:MultiprocExecutor.sample_tokens",
+                "self grammar_output non_block",
+            ),
+            Symbol(
+                "vllm.v1.executor.uniproc_executor:UniProcExecutor.execute_model",
+                "self scheduler_output non_block",
+            ),
+            Symbol(
+                "vllm.v1.executor.uniproc_executor:UniProcExecutor.sample_tokens",
+                "self grammar_output non_block",
+            ),
+            Symbol(
+                "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model",
+                "self scheduler_output intermediate_tensors",
+            ),
+            Symbol(
+                "vllm.v1.worker.gpu_model_runner:GPUModelRunner._model_forward",
+                "self input_ids positions intermediate_tensors inputs_embeds model_kwargs",
+            ),
+            Symbol(
+                "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens",
+                "self grammar_output",
+            ),
+            Symbol(
+                "vllm.model_executor.layers.logits_processor:LogitsProcessor.forward",
+                "self lm_head hidden_states embedding_bias skip_gather",
+            ),
+            Symbol(
+                "vllm.v1.engine.core:EngineCore.step",
+                "self",
+                contains=(
+                    "future = self.model_executor.execute_model(scheduler_output, non_block=True)",
+                    "model_output = self.model_executor.sample_tokens(grammar_output)",
+                ),
+            ),
+            Symbol(
+                "vllm.v1.engine:EngineCoreOutputs",
+                contains=("self.timestamp = time.monotonic()",),
+            ),
+        ),
+        site=("vllm_x86.runtime.patches.step_profile",),
+        vllm_file="vllm/v1/engine/output_processor.py; vllm/v1/engine/core.py; "
+        "vllm/v1/core/sched/scheduler.py; vllm/v1/executor/multiproc_executor.py; "
+        "vllm/v1/executor/uniproc_executor.py; "
+        "vllm/v1/worker/gpu_model_runner.py; vllm/model_executor/layers/logits_processor.py",
+        written_against=f"{_VLLM}, torch 2.13.0",
+        removed_by="none needed: a measuring aid, off unless VLLM_X86_STEP_PROFILE is set "
+        "(vLLM timing its step phases and hand-offs itself would replace it)",
+        tests=(
+            "tests/unit/test_overhead.py::test_setting_off_patches_nothing",
+            "tests/unit/test_patch_ledger.py::test_step_profile_patches_only_what_its_record_names",
+            "tests/e2e/test_overhead_profile.py::test_tiny_model_breakdown_closes",
+        ),
+    ),
+    # --------------------------------------------------- worker, start-up, platform
+    Patch(
         name="x86_worker_constructor",
         kind="reimplemented constructor",
         what="X86Worker.__init__ repeats CPUWorker.__init__ with hardware.memory_info() "

@@ -192,6 +192,30 @@ SHAPES: dict[str, Shape] = {
                 "initializer_range": 0.2,
             },
         ),
+        Shape(
+            "tiny-llama-2l",
+            "tiny-llama with 2 layers, for the fixed cost of a decode step "
+            "(docs/overhead.md): hidden 256, 4 heads, 2 KV heads, head_dim 64, FFN 512, "
+            "vocab 49152, tied embeddings; the default model's tokenizer",
+            "llama",
+            "default-model",
+            {
+                "hidden_size": 256,
+                "intermediate_size": 512,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 64,
+                "vocab_size": 49152,
+                "max_position_embeddings": 8192,
+                "rope_theta": 100000.0,
+                "rms_norm_eps": 1e-5,
+                "tie_word_embeddings": True,
+                "bos_token_id": 1,
+                "eos_token_id": 2,
+                "initializer_range": 0.2,
+            },
+        ),
     )
 }
 
