@@ -162,6 +162,14 @@ SETTINGS: tuple[Setting, ...] = (
         "0: vLLM CPU's synchronous steps.",
     ),
     Setting(
+        "VLLM_X86_SPECULATIVE",
+        "off",
+        "`vllm-x86 serve` without --speculative: 'ngram' turns on vLLM's n-gram "
+        "(prompt-lookup) speculative decoding with the plugin's CPU defaults "
+        "(tools/cli/speculative.py), 'off' leaves it off. The flag wins over it, and "
+        "vLLM's own --speculative-config wins over both.",
+    ),
+    Setting(
         "VLLM_X86_DAEMON_DIR",
         "<VLLM_X86_CACHE_DIR>/daemon",
         "Where the standby daemon keeps its control socket (daemon.sock), pid file, state "

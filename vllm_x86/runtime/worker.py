@@ -86,7 +86,11 @@ class X86Worker(CPUWorker):
             _pin_threads_in_engine(self.vllm_config, self.local_rank)
         elif os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "fork":
             _pin_forked_threads()
+        import torch
+
+        threads = torch.get_num_threads()
         super().init_device()
+        _keep_threads_after_ngram(self.vllm_config, threads)
 
     def load_model(self, *args, **kwargs) -> None:
         from vllm_x86.runtime.ops import registry
@@ -184,6 +188,42 @@ class X86Worker(CPUWorker):
             mem.source,
         )
         return kv
+
+
+def _keep_threads_after_ngram(vllm_config, threads: int) -> None:
+    """Keep the model's OpenMP threads from vLLM's n-gram proposer.
+
+    The proposer (vllm/v1/spec_decode/ngram_proposer.py) runs numba code on the
+    worker's main thread. numba sizes its OpenMP pool from that thread's CPU affinity when it is imported, and vLLM's thread
+    binding has pinned that thread to one CPU, so numba's first parallel call (the
+    proposer's first request) runs ``omp_set_num_threads(1)`` on it: from then on every
+    OpenMP region of the model on that thread (PyTorch's, vLLM's and the plugin's
+    kernels) runs one thread whatever the thread layout says (measured: a 2-core server
+    with n-gram speculation decoded as fast as one with VLLM_X86_THREADS=1;
+    docs/speculative.md). So numba's pool is started here, at once (its public
+    ``get_num_threads`` starts it, as the proposer's first call would), and the count
+    the worker had before vLLM's ``init_device`` is set again; later proposer calls do
+    not shrink it (the pool exists; numba's ``set_num_threads`` leaves OpenMP's count
+    alone)."""
+    if getattr(vllm_config.speculative_config, "method", None) != "ngram":
+        return
+    import torch
+
+    try:
+        import numba
+    except ImportError:
+        return
+    numba.get_num_threads()  # starts numba's OpenMP pool on this thread, now
+    now = torch.get_num_threads()
+    if now < threads:
+        torch._C.set_num_threads(threads)  # vLLM CPU replaced torch.set_num_threads
+        logger.info(
+            "vllm-x86: speculative decoding: the n-gram proposer's numba left the model "
+            "%d OpenMP thread(s) of %d; set back to %d",
+            now,
+            threads,
+            torch.get_num_threads(),
+        )
 
 
 def _cpu_ids(spec: str) -> list[int]:

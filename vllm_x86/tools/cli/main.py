@@ -37,6 +37,10 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
         )
     if getattr(ns, "playground", False):
         passthrough = _playground_flags(passthrough)
+    from vllm_x86.tools.cli.speculative import speculative_args
+
+    passthrough, spec_note = speculative_args(passthrough, os.environ.get("VLLM_X86_SPECULATIVE"))
+    print(spec_note, file=sys.stderr, flush=True)
     argv, host, port = serve_argv(ns.model, passthrough)
     from vllm_x86.tools.daemon.cli import DaemonError, serve_with_daemon, warn_exposure
 
@@ -359,6 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also serve the playground page under /playground/ of this server (`vllm-x86 "
         "playground` serves it on its own, with model switching)",
+    )
+    s.add_argument(
+        "--speculative",
+        choices=("off", "ngram"),
+        help="ngram: vLLM's n-gram (prompt-lookup) speculative decoding with CPU defaults, "
+        "faster where answers copy the prompt (editing code); default: off, or "
+        "VLLM_X86_SPECULATIVE; vLLM's own --speculative-config wins (docs/speculative.md)",
     )
     s.add_argument(
         "--detach",

@@ -1,0 +1,78 @@
+"""`vllm-x86 serve --speculative ngram|off`: vLLM's speculative decoding with CPU defaults.
+
+``--speculative ngram`` becomes vLLM's ``--speculative-config`` for n-gram prompt
+lookup (drafts copied from the prompt and the text so far; no draft model), with the
+defaults in NGRAM_DEFAULTS. ``VLLM_X86_SPECULATIVE`` (runtime/envs.py) gives the same
+choice for servers started without the flag; the flag wins over it, and a user's own
+vLLM flags for speculation (``--speculative-config``/``-sc``, ``--spec-method``,
+``--spec-model``, ``--spec-tokens``) win over both. The default is off: it measured
+faster only where answers copy the prompt (editing code), which a server cannot know
+at start-up, and slower on free chat (docs/speculative.md has the figures).
+"""
+
+from __future__ import annotations
+
+import json
+
+from vllm_x86.tools.cli.common import CliError, _flag_value, _strip_flag
+
+CHOICES = ("off", "ngram")
+
+# n-gram prompt lookup for CPU: up to 4 drafted tokens from a 2- to 4-token match.
+NGRAM_DEFAULTS = {"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+# vLLM's own flags for speculative decoding (vllm/engine/arg_utils.py), also in their
+# dotted forms (--speculative-config.method ngram).
+VLLM_FLAGS = ("--speculative-config", "-sc", "--spec-method", "--spec-model", "--spec-tokens")
+
+
+def _users_own(passthrough: list[str]) -> str | None:
+    for a in passthrough:
+        for f in VLLM_FLAGS:
+            if a == f or a.startswith((f + "=", f + ".")):
+                return f
+    return None
+
+
+def speculative_args(passthrough: list[str], env_value: str | None) -> tuple[list[str], str]:
+    """(vLLM flags with `--speculative` translated, the line that says what was chosen).
+
+    ``env_value`` is VLLM_X86_SPECULATIVE (None or empty: unset). Raises CliError for a
+    value that is not one of CHOICES."""
+    flag = _flag_value(passthrough, "--speculative")
+    if flag is None and "--speculative" in passthrough:
+        raise CliError(f"--speculative needs a value: {' or '.join(CHOICES)}")
+    rest = _strip_flag(passthrough, "--speculative")
+    source = "--speculative"
+    choice = flag
+    if choice is None:
+        choice, source = (env_value or "").strip().lower() or None, "VLLM_X86_SPECULATIVE"
+    if choice is not None and choice not in CHOICES:
+        raise CliError(
+            f"{source}={choice!r} is not a speculative decoding choice: use "
+            f"{' or '.join(CHOICES)} (or vLLM's own --speculative-config JSON)"
+        )
+    own = _users_own(rest)
+    if own is not None:
+        if choice == "ngram":
+            return rest, (
+                f"vllm-x86: speculative decoding as your {own} says ({source} ngram "
+                "is ignored: your vLLM flag wins)"
+            )
+        return rest, f"vllm-x86: speculative decoding as your {own} says"
+    if choice == "ngram":
+        cfg = {"method": "ngram", **NGRAM_DEFAULTS}
+        return rest + ["--speculative-config", json.dumps(cfg, separators=(",", ":"))], (
+            f"vllm-x86: speculative decoding on ({source} ngram): n-gram prompt lookup, up "
+            f"to {cfg['num_speculative_tokens']} drafted tokens from a "
+            f"{cfg['prompt_lookup_min']}-{cfg['prompt_lookup_max']}-token match in the "
+            "prompt or the text so far; greedy answers stay the model's own "
+            "(docs/speculative.md)"
+        )
+    if choice == "off":
+        return rest, f"vllm-x86: speculative decoding off ({source} off)"
+    return rest, (
+        "vllm-x86: speculative decoding off (the default: it measured faster only when "
+        "answers copy the prompt, as in code editing, and slower on free chat; "
+        "--speculative ngram turns it on, docs/speculative.md)"
+    )
