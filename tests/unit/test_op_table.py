@@ -77,12 +77,16 @@ _DECLARATIONS = re.compile(
 )
 
 
+# a vLLM IR op's fake (not a torch.ops.vllm_x86 one; ledger: fp32_residual_fake)
+_IR_FAKE = re.compile(r"(ir\.ops\.\w+|IrOp)\.register_fake\b")
+
+
 def test_no_schema_or_fake_is_declared_outside_schemas_py():
     found = [
         f"{path.relative_to(PKG.parent)}: {m.group(0)}"
         for path, text in _sources(".py", ".cpp", ".h")
         if path != SCHEMAS_PY
-        for m in _DECLARATIONS.finditer(text)
+        for m in _DECLARATIONS.finditer(_IR_FAKE.sub("", text))
     ]
     assert found == []
     # and the pattern does find them where they are

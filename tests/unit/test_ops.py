@@ -119,6 +119,42 @@ def test_fused_add_rms_norm_with_strided_rows(isa):
     assert torch.equal(x, x2) and torch.equal(r, r2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("hidden", HIDDEN)
+def test_fused_add_rms_norm_f32res_bit_identical(isa, dtype, tokens, hidden):
+    """VLLM_X86_FP32_RESIDUAL's kernel: the float32 residual sum unrounded, the norm as
+    the reference rounds it."""
+    x = rand((tokens, hidden), dtype, tokens, 2.0)
+    r = rand((tokens, hidden), torch.float32, hidden, 2.0)
+    w = (rand((hidden,), torch.float32, 3) * 0.1 + 1).to(dtype)
+    x1, r1, x2, r2 = x.clone(), r.clone(), x.clone(), r.clone()
+    ops().fused_add_rms_norm_f32res(x1, r1, w, 1e-6)
+    reference.fused_add_rms_norm_f32res(x2, r2, w, 1e-6)
+    assert r1.dtype == torch.float32
+    assert torch.equal(r1, r2)
+    assert torch.equal(x1, x2)
+    # not the bf16-rounded sum vLLM keeps: the float32 one
+    assert torch.equal(r1, x.float() + r)
+
+
+def test_fused_add_rms_norm_f32res_strided_rows_and_no_weight(isa):
+    base = rand((64, 2 * 1024), torch.bfloat16, 5)
+    x = base[:, :1024]  # rows 2048 elements apart
+    r = rand((64, 1024), torch.float32, 6)
+    x2, r2 = x.clone(), r.clone()
+    ops().fused_add_rms_norm_f32res(x, r, None, 1e-6)
+    reference.fused_add_rms_norm_f32res(x2, r2, None, 1e-6)
+    assert torch.equal(x, x2) and torch.equal(r, r2)
+    assert torch.equal(base[:, 1024:], rand((64, 2 * 1024), torch.bfloat16, 5)[:, 1024:])
+
+
+def test_fused_add_rms_norm_f32res_refuses_a_bf16_residual():
+    x = rand((2, 64), torch.bfloat16, 1)
+    with pytest.raises(RuntimeError, match="residual must be float32"):
+        ops().fused_add_rms_norm_f32res(x, x.clone(), None, 1e-6)
+
+
 # ---------------------------------------------------------------- rotary embedding
 
 

@@ -59,6 +59,15 @@ SETTINGS: tuple[Setting, ...] = (
         "CPU ops run; platform defaults stay. For kernels-on/off comparisons.",
     ),
     Setting(
+        "VLLM_X86_FP32_RESIDUAL",
+        "1",
+        "1: bf16/fp16 models keep the residual stream (the running sum of the residual "
+        "connections) in float32, and the best logits are recomputed in float32 "
+        "before sampling, so greedy output follows the float32 model wherever its two "
+        "best tokens are at least 0.05 apart (docs/correctness.md); weights and GEMM "
+        "inputs stay bf16. 0: round both to the model's dtype, as vLLM does.",
+    ),
+    Setting(
         "VLLM_X86_DIRECT_ATTENTION",
         "1",
         "Qwen3 attention with the fused q/k-norm and rotary kernel calls vLLM CPU's two "

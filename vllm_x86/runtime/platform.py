@@ -157,8 +157,9 @@ class X86Platform(CpuPlatform):
     def get_default_ir_op_priority(cls, vllm_config):
         """The plugin's IR kernels first in eager mode. With Inductor compiling the
         model, vLLM's native implementations stay first: Inductor fuses them with their
-        neighbours, which an opaque kernel would prevent (and compiled mode then keeps
-        the numerics of stock vLLM compiled)."""
+        neighbours, which an opaque kernel would prevent; with VLLM_X86_FP32_RESIDUAL
+        fused_add_rms_norm's float32-residual version is PyTorch code for the same reason
+        (registry.ir_providers)."""
         from vllm.config import CompilationMode
         from vllm.config.kernel import IrOpPriorityConfig
 
@@ -166,10 +167,10 @@ class X86Platform(CpuPlatform):
 
         cc = vllm_config.compilation_config
         inductor = cc.mode not in (None, CompilationMode.NONE) and cc.backend == "inductor"
-        if inductor:
-            registry.ir_providers()  # registered all the same: the config hash names them
-            return IrOpPriorityConfig.with_default(["native"])
-        return IrOpPriorityConfig.with_default(["native"], **registry.ir_providers())
+        # compiled: native, except a float32 residual stream (VLLM_X86_FP32_RESIDUAL)
+        # in PyTorch, which Inductor fuses all the same (ops/layernorm.py)
+        prio = registry.ir_providers(vllm_config, inductor)
+        return IrOpPriorityConfig.with_default(["native"], **prio)
 
     @classmethod
     def validate_environ(cls, hard_fail: bool) -> None:

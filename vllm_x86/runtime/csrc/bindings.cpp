@@ -10,6 +10,7 @@
 TORCH_LIBRARY_IMPL(vllm_x86, CPU, m) {
   m.impl("rms_norm", &vllm_x86::rms_norm);
   m.impl("fused_add_rms_norm", &vllm_x86::fused_add_rms_norm);
+  m.impl("fused_add_rms_norm_f32res", &vllm_x86::fused_add_rms_norm_f32res);
   m.impl("rotary_embedding", &vllm_x86::rotary_embedding);
   m.impl("silu_and_mul", &vllm_x86::silu_and_mul);
   m.impl("gelu_and_mul", &vllm_x86::gelu_and_mul);

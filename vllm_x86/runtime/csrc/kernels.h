@@ -48,6 +48,11 @@ struct KernelTable {
                                const void* qw, const void* kw, const void* cache,
                                int64_t cache_s, int nq, int nk, int head, int rot, float eps,
                                int64_t t_begin, int64_t t_end, float* scratch);
+  // fused_add_rms_norm with a float32 residual (x in dt): s = x + res; res = s (float32,
+  // not rounded); x = round(round(s * rsqrt(mean(s^2)+eps)) * w)
+  void (*fused_add_rms_norm_f32res)(int dt, void* x, int64_t xs, float* res, int64_t rs,
+                                    const void* w, int64_t hidden, float eps,
+                                    int64_t r_begin, int64_t r_end);
 };
 
 namespace avx2 {

@@ -441,6 +441,32 @@ void fused_add_rms_norm_rows(void* x_, int64_t xs, void* r_, int64_t rs, const v
   }
 }
 
+// The same with the residual kept in float32 (VLLM_X86_FP32_RESIDUAL): s = x + res in
+// float32, res = s (not rounded), x = round(round(s * inv) * w). No scratch: the
+// residual row itself holds s.
+template <class E>
+void fused_add_rms_norm_f32res_rows(void* x_, int64_t xs, float* res, int64_t rs,
+                                    const void* w_, int64_t hidden, float eps, int64_t rb,
+                                    int64_t re) {
+  using T = typename E::T;
+  T* x = static_cast<T*>(x_);
+  const T* w = static_cast<const T*>(w_);
+  for (int64_t r = rb; r < re; ++r) {
+    T* xp = x + r * xs;
+    float* rp = res + r * rs;
+    for (int64_t j = 0; j < hidden; j += W) {
+      int64_t n = hidden - j;
+      vf s = v_add(load_any<E>(xp + j, n), load_any<F32>(rp + j, n));
+      store_any<F32>(rp + j, s, n);
+    }
+    vf inv = v_set1(inv_rms(sum_squares<F32>(rp, hidden), hidden, eps));
+    for (int64_t j = 0; j < hidden; j += W) {
+      int64_t n = hidden - j;
+      store_any<E>(xp + j, norm_scale<E>(load_any<F32>(rp + j, n), inv, w, j, hidden), n);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- RoPE
 template <class A, class B>
 struct same_type {
@@ -613,6 +639,12 @@ void k_fused_add_rms_norm(int dt, void* x, int64_t xs, void* r, int64_t rs, cons
                  fused_add_rms_norm_rows<E>(x, xs, r, rs, w, hidden, eps, rb, re, scratch));
 }
 
+void k_fused_add_rms_norm_f32res(int dt, void* x, int64_t xs, float* r, int64_t rs,
+                                 const void* w, int64_t hidden, float eps, int64_t rb,
+                                 int64_t re) {
+  VX_DISPATCH_DT(dt, E, fused_add_rms_norm_f32res_rows<E>(x, xs, r, rs, w, hidden, eps, rb, re));
+}
+
 void k_rotary(int dt, int cdt, const int64_t* pos, void* q, int64_t qs, int nq, void* k,
               int64_t ks, int nk, int head, int rot, bool neox, const void* cache,
               int64_t cache_s, int64_t tb, int64_t te) {
@@ -651,5 +683,5 @@ void k_split_norm_rope_neox(int dt, int cdt, void* q_out, void* k_out, void* v_o
 
 const KernelTable table = {
     VX_ISA_NAME,          k_rms_norm, k_fused_add_rms_norm, k_rotary, k_act_and_mul,
-    k_split_norm_rope_neox,
+    k_split_norm_rope_neox, k_fused_add_rms_norm_f32res,
 };

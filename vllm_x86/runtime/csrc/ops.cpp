@@ -188,6 +188,28 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual,
   });
 }
 
+void fused_add_rms_norm_f32res(at::Tensor& input, at::Tensor& residual,
+                               const std::optional<at::Tensor>& weight, double epsilon) {
+  const int dt = dtype_code(input, "fused_add_rms_norm_f32res input");
+  TORCH_CHECK(residual.sizes() == input.sizes() && residual.scalar_type() == at::kFloat,
+              "vllm-x86 fused_add_rms_norm_f32res: the residual must be float32 and have the "
+              "input's shape");
+  const int64_t hidden = input.size(-1);
+  check_weight(weight, input, hidden, "fused_add_rms_norm_f32res");
+  Rows2 xr = rows_of(input, "fused_add_rms_norm_f32res input");
+  Rows2 rr = rows_of(residual, "fused_add_rms_norm_f32res residual");
+  TORCH_CHECK(xr.n1 == 1 && rr.n1 == 1,
+              "vllm-x86 fused_add_rms_norm_f32res: input and residual must be 2-D row layouts");
+  const void* w = weight.has_value() ? weight->data_ptr() : nullptr;
+  const auto& k = table();
+  void* x = input.data_ptr();
+  float* r = residual.data_ptr<float>();
+  const float eps = static_cast<float>(epsilon);
+  at::parallel_for(0, xr.n0, grain_for(hidden), [&](int64_t b, int64_t e) {
+    k.fused_add_rms_norm_f32res(dt, x, xr.s0, r, rr.s0, w, hidden, eps, b, e);
+  });
+}
+
 namespace {
 struct HeadRows {
   int64_t row_stride;

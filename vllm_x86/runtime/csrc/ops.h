@@ -23,6 +23,10 @@ void rms_norm(at::Tensor& out, const at::Tensor& input, const std::optional<at::
               double epsilon);
 void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual,
                         const std::optional<at::Tensor>& weight, double epsilon);
+// The same with a float32 residual whatever the input's dtype (VLLM_X86_FP32_RESIDUAL):
+// residual = input + residual in float32, not rounded; input = its RMSNorm, rounded.
+void fused_add_rms_norm_f32res(at::Tensor& input, at::Tensor& residual,
+                               const std::optional<at::Tensor>& weight, double epsilon);
 void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
                       const std::optional<at::Tensor>& key, int64_t head_size,
                       const at::Tensor& cos_sin_cache, bool is_neox);

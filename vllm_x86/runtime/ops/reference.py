@@ -41,6 +41,19 @@ def fused_add_rms_norm(
     input.copy_(y.to(orig))
 
 
+def fused_add_rms_norm_f32res(
+    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, epsilon: float
+) -> None:
+    """fused_add_rms_norm with a float32 residual (VLLM_X86_FP32_RESIDUAL): the sum is
+    kept in float32, unrounded; the norm rounds where vLLM's native one does."""
+    s = input.to(torch.float32) + residual
+    residual.copy_(s)
+    y = s * torch.rsqrt(s.pow(2).mean(dim=-1, keepdim=True) + epsilon)
+    if weight is not None:
+        y = y.to(weight.dtype) * weight
+    input.copy_(y.to(input.dtype))
+
+
 def rotary_embedding(
     positions: torch.Tensor,
     query: torch.Tensor,

@@ -236,6 +236,22 @@ OVERRIDES: tuple[Override, ...] = (
         "vllm_x86.runtime.ops.layernorm:fused_add_rms_norm_x86",
         "C++ kernel: residual add and RMSNorm in place, two passes",
     ),
+    Override(
+        "ir",
+        "fused_add_rms_norm",
+        "vllm_x86.runtime.ops.layernorm:fused_add_rms_norm_f32res_x86",
+        "VLLM_X86_FP32_RESIDUAL (eager): the residual sum kept in float32 (vLLM rounds it "
+        "to bf16 at every layer, which moved the default model's logits by up to 0.68 and "
+        "its greedy tokens off the float32 model's; docs/correctness.md); C++ kernel",
+    ),
+    Override(
+        "ir",
+        "fused_add_rms_norm",
+        "vllm_x86.runtime.ops.layernorm:fused_add_rms_norm_f32res_torch",
+        "VLLM_X86_FP32_RESIDUAL in compiled mode (PyTorch, which Inductor fuses) and where "
+        "the C++ kernel cannot take the arguments",
+        cpp=False,
+    ),
     # Mamba-1 mixers (Mamba, FalconMamba, Jamba)
     Override(
         "layer",
@@ -261,6 +277,17 @@ OVERRIDES: tuple[Override, ...] = (
         f"{_QK}:X86QkNormRopeAttentionMixin",
         _QK_WHY,
         check=f"{_QK}:fusable",
+    ),
+    # the best logits of a bf16 LM head in float32 (VLLM_X86_FP32_RESIDUAL)
+    Override(
+        "module",
+        "vllm.model_executor.layers.logits_processor:LogitsProcessor",
+        "vllm_x86.runtime.ops.logits:X86ExactTopLogitsMixin",
+        "vLLM's bf16 LM head rounds the logits to bf16 (steps of 0.125 at the default "
+        "model's 16-32) before the sampler takes them in float32; the tokens that can be "
+        "the best are recomputed with float32 accumulation (docs/correctness.md)",
+        check="vllm_x86.runtime.ops.logits:refinable",
+        cpp=False,
     ),
     # MoE routing: vLLM's CPU router asserts softmax where no expert groups are used
     Override(
@@ -588,13 +615,37 @@ def _register_oot(row: Override, registry: type) -> type:
     return cls
 
 
-def ir_providers() -> dict[str, list[str]]:
-    """IR op -> provider priority the platform should set (empty without kernels)."""
+def ir_providers(vllm_config=None, inductor: bool = False) -> dict[str, list[str]]:
+    """IR op -> provider priority the platform should set (empty without kernels).
+    Without `vllm_config`: the C++ kernels' priority. With it, the priority for that
+    engine: in compiled mode (`inductor`) vLLM's native implementations (which Inductor
+    fuses) except fused_add_rms_norm with a float32 residual
+    (VLLM_X86_FP32_RESIDUAL, layernorm.fp32_residual_applies), in PyTorch."""
     from vllm_x86.runtime.ops import layernorm
 
     if not ops_enabled() or not layernorm.register():
         return {}
-    return {row.target: [layernorm.PROVIDER, "native"] for row in OVERRIDES if row.kind == "ir"}
+    out = {
+        row.target: [layernorm.PROVIDER, "native"]
+        for row in OVERRIDES
+        if row.kind == "ir" and row.impl.endswith(("rms_norm_x86", "add_rms_norm_x86"))
+    }
+    if vllm_config is None:
+        return out
+    if inductor:
+        out = {}
+    why = layernorm.fp32_residual_applies(vllm_config)
+    if why is None:
+        out["fused_add_rms_norm"] = (
+            [layernorm.PROVIDER_F32RES_TORCH]
+            if inductor
+            else [layernorm.PROVIDER_F32RES, layernorm.PROVIDER_F32RES_TORCH]
+        )
+    logger.info(
+        "vllm-x86: residual stream in %s",
+        "float32 (VLLM_X86_FP32_RESIDUAL)" if why is None else f"the model's dtype: {why}",
+    )
+    return out
 
 
 def _objects(model, kind: str):
@@ -644,10 +695,12 @@ def apply_module_overrides(model) -> dict[str, int]:
                     sub = _module_classes[base] = impl
                 obj.__class__ = sub
                 counts[row.target] = counts.get(row.target, 0) + 1
-    kinds = {row.target: row.kind for row in OVERRIDES}
+    kinds = {row.target: (row.kind, row.cpp) for row in OVERRIDES}
     for target, n in counts.items():
         what = (
-            "modules use the fused kernel" if kinds[target] == "module" else "use the plugin's code"
+            "modules use the fused kernel"
+            if kinds[target] == ("module", True)
+            else "use the plugin's code"
         )
         logger.info("vllm-x86: %d %s %s", n, target.split(":")[1], what)
     for target, why in reasons.items():

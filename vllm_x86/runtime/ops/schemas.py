@@ -69,6 +69,12 @@ OPS: tuple[OpSchema, ...] = (
         _CSRC,
     ),
     OpSchema(
+        "fused_add_rms_norm_f32res",
+        "(Tensor! input, Tensor! residual, Tensor? weight, float epsilon) -> ()",
+        _nothing,
+        _CSRC,
+    ),
+    OpSchema(
         "rotary_embedding",
         "(Tensor positions, Tensor! query, Tensor!? key, int head_size, Tensor cos_sin_cache, "
         "bool is_neox) -> ()",

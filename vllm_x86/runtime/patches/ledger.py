@@ -248,6 +248,37 @@ LEDGER: tuple[Patch, ...] = (
         tests=("tests/unit/test_patches.py::test_tied_embedding_weight_gets_one_gemm",),
     ),
     Patch(
+        name="fp32_residual_fake",
+        kind="replaced function",
+        what="the fake (meta) implementation of vLLM IR's fused_add_rms_norm op, which "
+        "torch.compile traces with, is the plugin's: vLLM's native implementation, or, "
+        "where the platform chose a float32-residual provider (VLLM_X86_FP32_RESIDUAL), "
+        "one that returns the residual in float32",
+        why="vLLM's fake is its native implementation, which rounds the residual to the "
+        "input's dtype; the plugin keeps the residual stream of bf16 models in float32 "
+        "(docs/correctness.md), and a compiled graph must carry the dtype the providers "
+        "return",
+        symbols=(
+            Symbol("vllm.ir.op:IrOp.register_fake", "self fn"),
+            Symbol("vllm.ir.ops.layernorm", contains=("x_residual = x.to(orig_dtype)",)),
+            Symbol(
+                "vllm.model_executor.layers.layernorm:RMSNorm.forward_native",
+                "self x residual",
+                contains=("ir.ops.fused_add_rms_norm.maybe_inplace(",),
+            ),
+            Symbol(
+                "vllm.model_executor.models.llama:LlamaModel.forward",
+                contains=("hidden_states, _ = self.norm(hidden_states, residual)",),
+            ),
+        ),
+        site=("vllm_x86.runtime.ops.layernorm:register",),
+        vllm_file="vllm/ir/ops/layernorm.py; vllm/ir/op.py",
+        written_against=_VLLM,
+        removed_by="vLLM IR letting a provider declare its outputs' dtypes (or keeping "
+        "the residual stream in float32 itself)",
+        tests=("tests/unit/test_fp32_residual.py::test_compiled_graph_carries_a_float32_residual",),
+    ),
+    Patch(
         name="no_triton_allocator",
         kind="replaced function",
         what="while vLLM's OlmoHybridGatedDeltaNetAttention.__init__ runs, its module's "
@@ -512,7 +543,6 @@ LEDGER: tuple[Patch, ...] = (
             "test_a_killed_model_worker_ends_the_stream_with_an_error_and_the_server_exits",
         ),
     ),
-    # --------------------------------------------------- worker, start-up, platform
     Patch(
         name="step_profile",
         kind="monkey-patch",
