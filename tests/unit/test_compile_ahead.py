@@ -28,7 +28,14 @@ def _artifact(root, name="abc123", manifest=True):
 def _mark(model_dir, root, name="abc123"):
     model_dir.mkdir(exist_ok=True)
     (model_dir / ca.MARKER).write_text(
-        json.dumps({"cache_root": str(root), "artifact": name, "serve_args": []})
+        json.dumps(
+            {
+                "cache_root": str(root),
+                "runtime": ca.runtime_fingerprint(),
+                "artifact": name,
+                "serve_args": [],
+            }
+        )
     )
 
 
@@ -44,7 +51,7 @@ def test_marker_with_its_sealed_artifact_is_found(tmp_path, cache):
 
 
 @pytest.mark.parametrize(
-    "case", ["artifact-gone", "no-manifest", "other-install", "damaged-marker"]
+    "case", ["artifact-gone", "no-manifest", "other-install", "other-code", "damaged-marker"]
 )
 def test_marker_that_no_longer_holds_is_ignored(tmp_path, cache, case):
     model = tmp_path / "m"
@@ -56,6 +63,11 @@ def test_marker_that_no_longer_holds_is_ignored(tmp_path, cache, case):
     elif case == "other-install":  # compiled by another plugin, vLLM, torch or CPU
         _artifact(cache)
         _mark(model, cache.parent / "otherkey")
+    elif case == "other-code":  # the plugin's runtime code changed since
+        _artifact(cache)
+        _mark(model, cache)
+        data = json.loads((model / ca.MARKER).read_text())
+        (model / ca.MARKER).write_text(json.dumps(dict(data, runtime="0" * 16)))
     else:
         _artifact(cache)
         model.mkdir()
@@ -120,3 +132,29 @@ def test_pull_compiles_unless_told_not_to(monkeypatch, tmp_path, capfd):
     monkeypatch.setattr(ca, "can_compile", lambda: "no C++ compiler")
     assert cli_main.main(["pull"]) == 0
     assert "not compiling ahead: no C++ compiler" in capfd.readouterr().err
+
+
+def test_serve_says_which_mode_and_why(tmp_path, cache):
+    """`vllm-x86 serve` logs its mode with the reason: eager and why, compiled from the
+    first request where the model was compiled ahead for these settings, otherwise
+    compiled after a staged start."""
+    from vllm_x86.tools.cli.main import _mode_note
+
+    model = tmp_path / "m"
+    argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    assert _mode_note(argv + ["--enforce-eager"], ["--enforce-eager"]) == (
+        "vllm-x86: eager mode (--enforce-eager)"
+    )
+    assert _mode_note(argv + ["--enforce-eager"], []) == "vllm-x86: eager mode (no C++ compiler)"
+    staged = _mode_note(argv, [])
+    assert staged.startswith("vllm-x86: vLLM's compiled mode, measured faster than eager")
+    assert "serves eagerly while it compiles in the background" in staged
+    _artifact(cache)
+    _mark(model, cache)
+    ahead = _mode_note(argv, ["--port", "8001"])
+    assert ahead.endswith("compiled from the first request (compiled ahead for this machine)")
+    # another max length is another compile-cache key: not what was compiled ahead
+    assert "compiles in the background" in _mode_note(argv, ["--max-model-len", "512"])
+    assert _mode_note(argv, ["-O0"]) == (
+        "vllm-x86: vLLM's compiled mode with the compilation settings you gave"
+    )

@@ -42,6 +42,7 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
     passthrough, spec_note = speculative_args(passthrough, os.environ.get("VLLM_X86_SPECULATIVE"))
     print(spec_note, file=sys.stderr, flush=True)
     argv, host, port = serve_argv(ns.model, passthrough)
+    print(_mode_note(argv, passthrough), file=sys.stderr, flush=True)
     from vllm_x86.tools.daemon.cli import DaemonError, serve_with_daemon, warn_exposure
 
     warn_exposure(argv[3:], host, port)  # before either start (tools/exposure.py's rule)
@@ -175,6 +176,48 @@ def cmd_pull(ns: argparse.Namespace) -> int:
         _compile_after_pull(ns.model or DEFAULT_MODEL, path)
     print(path)
     return 0
+
+
+# Why `vllm-x86 serve` runs vLLM's compiled mode: measured side by side on the catalog's
+# default model (docs/benchmarks.md, "Real models against llama.cpp").
+COMPILED_REASON = (
+    "measured faster than eager on the catalog's models (SmolLM2 GPTQ INT4 at 1 request: "
+    "{compiled} against {eager} tok/s eager, docs/benchmarks.md)"
+)
+COMPILED_FIGURES = {"compiled": "?", "eager": "?"}
+# Flags that leave vLLM's compile-cache key as `vllm-x86 serve MODEL` has it.
+_KEY_NEUTRAL = ("--host", "--port", "--api-key")
+
+
+def _mode_note(argv: list[str], passthrough: list[str]) -> str:
+    """One line on stderr: eager or compiled, and why (issue: the choice is logged with
+    its reason). Compiled says whether the first request runs compiled (the model was
+    compiled ahead by pull or quantize for these settings) or eagerly while vLLM compiles
+    in the background (staged warm-up)."""
+    if "--enforce-eager" in argv:
+        why = "--enforce-eager" if "--enforce-eager" in passthrough else "no C++ compiler"
+        return f"vllm-x86: eager mode ({why})"
+    reason = COMPILED_REASON.format(**COMPILED_FIGURES)
+    from pathlib import Path
+
+    from vllm_x86.tools.cli.common import COMPILE_FLAGS, _has_flag
+    from vllm_x86.tools.models.compile_ahead import compiled_artifact
+
+    if any(a.startswith("-O") for a in passthrough) or _has_flag(passthrough, *COMPILE_FLAGS):
+        return "vllm-x86: vLLM's compiled mode with the compilation settings you gave"
+
+    model_dir = Path(argv[argv.index("--model") + 1])
+    flags = [a for a in passthrough if a.startswith("-")]
+    ahead = compiled_artifact(model_dir) if all(a in _KEY_NEUTRAL for a in flags) else None
+    if ahead is not None:
+        start = "compiled from the first request (compiled ahead for this machine)"
+    else:
+        start = (
+            "the first start for these settings serves eagerly while it compiles in the "
+            "background, later starts load the compiled model (`vllm-x86 pull` compiles a "
+            "catalog model ahead)"
+        )
+    return f"vllm-x86: vLLM's compiled mode, {reason}; {start}"
 
 
 def _compile_after_pull(name: str, path) -> None:

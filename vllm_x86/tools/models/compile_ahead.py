@@ -20,8 +20,8 @@ first serve compiles in the background as before.
 
 A marker in the model directory (``MARKER``) names the artifact the run produced or
 loaded; the next pull checks that it is still in the cache (same plugin, vLLM, torch
-and CPU: ``compile_cache.cache_root``) and has its manifest, and compiles again only
-when it is not.
+and CPU: ``compile_cache.cache_root``), has its manifest, and was made by the same
+runtime code (``runtime_fingerprint``), and compiles again only when one of them fails.
 """
 
 from __future__ import annotations
@@ -67,6 +67,24 @@ def _entries(root: Path) -> set[str]:
         return set()
 
 
+def runtime_fingerprint() -> str:
+    """A hash of the plugin's runtime code (vllm_x86/runtime, Python and C++ sources):
+    what the engine configuration, and so vLLM's cache key, is made from besides the
+    flags. The compile cache's own key names the plugin's version only, which a
+    development tree keeps while its code changes."""
+    import hashlib
+
+    import vllm_x86.runtime as rt
+
+    root = Path(rt.__file__).parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*")):
+        if f.suffix in (".py", ".cpp", ".h") and "__pycache__" not in f.parts:
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def compiled_artifact(model_dir: Path) -> Path | None:
     """The compiled artifact a previous compile-ahead recorded for this model directory,
     if it is still in this machine's and this install's compile cache; else None."""
@@ -77,6 +95,8 @@ def compiled_artifact(model_dir: Path) -> Path | None:
     root = _cache_root()
     if data.get("cache_root") != str(root):
         return None  # another plugin, vLLM, torch or CPU compiled it
+    if data.get("runtime") != runtime_fingerprint():
+        return None  # other plugin code: its engine configuration may differ
     entry = root / AOT_SUBDIR / str(data.get("artifact", ""))
     return entry if data.get("artifact") and (entry / MANIFEST).is_file() else None
 
@@ -189,7 +209,12 @@ def compile_ahead(
             "the first `vllm-x86 serve` will compile in the background if it needs to"
         )
         return None
-    record = {"cache_root": str(root), "artifact": name, "serve_args": list(serve_args)}
+    record = {
+        "cache_root": str(root),
+        "runtime": runtime_fingerprint(),
+        "artifact": name,
+        "serve_args": list(serve_args),
+    }
     try:
         diskfaults.write_atomic(Path(model_dir) / MARKER, json.dumps(record, indent=1))
     except OSError as e:
