@@ -49,6 +49,23 @@ LLAMACPP_INSTALL = (
     'CMAKE_ARGS="-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" '
     ".venv/bin/pip install llama-cpp-python==0.3.36"
 )
+# On a CPU with AMX llama.cpp's native build (-march=native) compiles its AMX code
+# whatever GGML_AMX_* say, and this machine's GCC 12 miscompiles it (a crash at the first
+# decode): build for AVX-512 explicitly there (docs/benchmarks.md).
+LLAMACPP_INSTALL_AMX = (
+    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON '
+    "-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON "
+    '-DGGML_AVX512_VBMI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" '
+    ".venv/bin/pip install llama-cpp-python==0.3.36"
+)
+
+
+def llamacpp_install() -> str:
+    """The install command that builds a working llama.cpp on this CPU."""
+    from vllm_x86.runtime import hardware
+
+    return LLAMACPP_INSTALL_AMX if hardware.cpu_info().has("amx_tile") else LLAMACPP_INSTALL
+
 
 CONTENDERS: dict[str, Contender] = {
     c.name: c
@@ -241,7 +258,7 @@ def parse_contenders(spec: str) -> list[Contender]:
     if any(modes[n][0] == "llamacpp" for n in names) and not llamacpp_available():
         raise BenchError(
             "the llamacpp contender needs llama-cpp-python, which is not installed. It "
-            f"builds llama.cpp from source (about 4 minutes): {LLAMACPP_INSTALL}"
+            f"builds llama.cpp from source (about 4 minutes): {llamacpp_install()}"
         )
     out = []
     for n in names:
