@@ -40,8 +40,8 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
     from vllm_x86.tools.cli.speculative import speculative_args
 
     passthrough, spec_note = speculative_args(passthrough, os.environ.get("VLLM_X86_SPECULATIVE"))
+    argv, host, port = serve_argv(ns.model, passthrough)  # a bad model: its error alone
     print(spec_note, file=sys.stderr, flush=True)
-    argv, host, port = serve_argv(ns.model, passthrough)
     print(_mode_note(argv, passthrough), file=sys.stderr, flush=True)
     from vllm_x86.tools.daemon.cli import DaemonError, serve_with_daemon, warn_exposure
 
