@@ -254,21 +254,28 @@ def _pin_forked_threads() -> None:
             "(GOMP_CPU_AFFINITY, OMP_PLACES); threads left as they are"
         )
         return
+    _bind_threads(cpus, "forked worker", "VLLM_X86_ENGINE_FORK=0")
+
+
+def _bind_threads(cpus: list[int], who: str, instead: str) -> None:
+    """Pin OpenMP thread t of the team to cpus[t] with the plugin's kernel, or say why
+    not (`instead`: the setting that avoids needing it)."""
     from vllm_x86.runtime.ops import kernels
 
     if not kernels.available():
         logger.warning(
-            "vllm-x86: forked worker: the plugin's kernels did not load (%s), so its "
-            "threads cannot be pinned to CPUs %s and decode will be slower; set "
-            "VLLM_X86_ENGINE_FORK=0 or run `make install`",
+            "vllm-x86: %s: the plugin's kernels did not load (%s), so its threads cannot "
+            "be pinned to CPUs %s and decode will be slower; set %s or run `make install`",
+            who,
             kernels.load_error(),
             cpus,
+            instead,
         )
         return
     import vllm_x86.runtime._C as C
 
     got = C.bind_threads(cpus)
-    logger.info("vllm-x86: forked worker: OpenMP threads pinned to CPUs %s", got)
+    logger.info("vllm-x86: %s: OpenMP threads pinned to CPUs %s", who, got)
 
 
 def _pin_threads_in_engine(vllm_config, local_rank: int) -> None:
@@ -284,21 +291,7 @@ def _pin_threads_in_engine(vllm_config, local_rank: int) -> None:
         logger.info("vllm-x86: worker in the engine process: threads left unbound (nobind)")
         return
     cpus = [int(c) for c in manager.cpu_lists[local_rank]]
-    from vllm_x86.runtime.ops import kernels
-
-    if not kernels.available():
-        logger.warning(
-            "vllm-x86: worker in the engine process: the plugin's kernels did not load "
-            "(%s), so its threads cannot be pinned to CPUs %s; set "
-            "VLLM_X86_WORKER_IN_ENGINE=0 or run `make install`",
-            kernels.load_error(),
-            cpus,
-        )
-        return
-    import vllm_x86.runtime._C as C
-
-    got = C.bind_threads(cpus)
-    logger.info("vllm-x86: worker in the engine process: OpenMP threads pinned to CPUs %s", got)
+    _bind_threads(cpus, "worker in the engine process", "VLLM_X86_WORKER_IN_ENGINE=0")
 
 
 # A compiled model loaded from vLLM's cache needs no full-size warm-up run.
