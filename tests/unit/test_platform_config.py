@@ -24,6 +24,7 @@ print("CONFIG " + json.dumps({
     "frozen": __import__("gc").get_freeze_count(),
     "gomp": os.environ.get("GOMP_SPINCOUNT"),
     "executor": cfg.parallel_config.distributed_executor_backend,
+    "cpp_wrapper": cfg.compilation_config.inductor_compile_config.get("cpp_wrapper", False),
 }))
 """
 
@@ -119,7 +120,9 @@ def test_one_worker_runs_in_the_engine_process(model):
     assert config(model, VLLM_X86_SERVE_DEFAULTS="1")["executor"] == "uni"
     off = config(model, VLLM_X86_SERVE_DEFAULTS="1", VLLM_X86_WORKER_IN_ENGINE="0")
     assert off["executor"] == "mp"
-    assert config(model)["executor"] == "mp"  # the LLM class, vLLM's own server
+    plain = config(model)
+    assert plain["executor"] == "mp"  # the LLM class, vLLM's own server
+    assert plain["cpp_wrapper"] is False  # VLLM_X86_CPP_WRAPPER is off by default
     named = config(model, {"distributed_executor_backend": "mp"}, VLLM_X86_SERVE_DEFAULTS="1")
     assert named["executor"] == "mp"
 
@@ -139,3 +142,26 @@ def test_validate_environ_hides_only_the_plugins_settings(monkeypatch):
     with pytest.raises(ValueError, match="Unknown vLLM environment variable detected: VLLM_NOT_A"):
         X86Platform.validate_environ(hard_fail=True)
     assert os.environ["VLLM_X86_OPS"] == "1"  # put back after the error too
+
+
+@pytest.mark.slow  # fresh interpreters importing vLLM
+def test_cpp_wrapper_needs_plain_layer_names(model):
+    """VLLM_X86_CPP_WRAPPER=1 turns on Inductor's C++ wrapper only where vLLM was
+    imported with plain-string layer names (VLLM_USE_LAYERNAME=0, which `vllm-x86
+    serve` sets); otherwise the config keeps the Python wrapper and the log says why."""
+    on = config(model, VLLM_X86_CPP_WRAPPER="1", VLLM_USE_LAYERNAME="0")
+    assert on["cpp_wrapper"] is True
+    refused = config(model, VLLM_X86_CPP_WRAPPER="1", VLLM_USE_LAYERNAME="1")
+    assert refused["cpp_wrapper"] is False
+    assert "VLLM_USE_LAYERNAME=0" in refused["log"]
+
+
+def test_serve_sets_plain_layer_names_only_for_the_cpp_wrapper():
+    from vllm_x86.runtime.defaults import apply_layer_name_env
+
+    env = {}
+    assert apply_layer_name_env(env) is False and env == {}
+    env = {"VLLM_X86_CPP_WRAPPER": "1"}
+    assert apply_layer_name_env(env) is True and env["VLLM_USE_LAYERNAME"] == "0"
+    env = {"VLLM_X86_CPP_WRAPPER": "1", "VLLM_USE_LAYERNAME": "1"}  # the user's choice stays
+    assert apply_layer_name_env(env) is False and env["VLLM_USE_LAYERNAME"] == "1"

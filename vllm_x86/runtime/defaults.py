@@ -112,6 +112,19 @@ def apply_omp_env(environ=None, cpu: hardware.CpuInfo | None = None) -> dict[str
     return chosen
 
 
+def apply_layer_name_env(environ=None) -> bool:
+    """VLLM_X86_CPP_WRAPPER=1: vLLM's attention ops take their layer as a plain string
+    (VLLM_USE_LAYERNAME=0), which Inductor's C++ wrapper can pass; vLLM reads it when
+    it is imported, so the plugin's own entry points put it into the environment of the
+    server they start (platform._apply_cpp_wrapper checks it). True if the server will
+    have it."""
+    env = os.environ if environ is None else environ
+    if env.get("VLLM_X86_CPP_WRAPPER", "0").strip().lower() not in ("1", "true", "yes", "on"):
+        return False
+    env.setdefault("VLLM_USE_LAYERNAME", "0")
+    return env["VLLM_USE_LAYERNAME"] == "0"
+
+
 def _cpu_list(cpus: list[int]) -> str:
     if not cpus:
         return ""

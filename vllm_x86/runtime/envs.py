@@ -131,6 +131,16 @@ SETTINGS: tuple[Setting, ...] = (
         "points; 0: vLLM CPU's worker process.",
     ),
     Setting(
+        "VLLM_X86_CPP_WRAPPER",
+        "0",
+        "1: in compiled mode Inductor writes the model's wrapper code in C++ "
+        "(inductor_compile_config cpp_wrapper) instead of Python, taking the Python "
+        "between the compiled kernels out of each decode step. It needs vLLM's layer "
+        "names as plain strings (VLLM_USE_LAYERNAME=0) from before vLLM is imported: "
+        "`vllm-x86 serve`, `pull` and the daemon set that; elsewhere set both yourself. "
+        "Its compile takes several times longer.",
+    ),
+    Setting(
         "VLLM_X86_KV_ZERO_PAGES",
         "1",
         "The worker allocates vLLM's KV cache from fresh zero pages of an anonymous "

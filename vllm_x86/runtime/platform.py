@@ -59,6 +59,12 @@ def _info_once(key: str, msg: str, *args) -> None:
         logger.info(msg, *args)
 
 
+def _warn_once(key: str, msg: str, *args) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        logger.warning(msg, *args)
+
+
 def _user_set(name: str) -> bool:
     return os.environ.get(name, "") != ""
 
@@ -224,6 +230,7 @@ class X86Platform(CpuPlatform):
         super().check_and_update_config(vllm_config)  # sets vLLM CPU's "spawn"
         cls._apply_async_scheduling(vllm_config, async_sched)
         cls._warn_without_compiler(vllm_config)
+        cls._apply_cpp_wrapper(vllm_config)
         cls._apply_engine_start()
         cls._apply_worker_in_engine(vllm_config, backend)
         from vllm_x86.runtime.startup import compile_cache
@@ -255,6 +262,38 @@ class X86Platform(CpuPlatform):
                 "vLLM's compiled mode will fail at the first request; use --enforce-eager "
                 "(or `vllm-x86 serve`, which does) or install g++"
             )
+
+    @classmethod
+    def _apply_cpp_wrapper(cls, vllm_config) -> None:
+        """VLLM_X86_CPP_WRAPPER=1: Inductor's C++ wrapper for the compiled model
+        (docs/overhead.md). Inductor's C++ wrapper cannot pass vLLM's LayerName objects
+        (a Python object per attention layer, the custom ops' layer argument) to the
+        attention ops; with VLLM_USE_LAYERNAME=0 vLLM registers those ops with a plain
+        string, which it can. That choice is made when vLLM is imported, so here it can
+        only be checked."""
+        from vllm.config import CompilationMode
+
+        if not envs.get_bool("VLLM_X86_CPP_WRAPPER"):
+            return
+        cc = vllm_config.compilation_config
+        if cc.mode in (None, CompilationMode.NONE) or cc.backend != "inductor":
+            return
+        from vllm.utils import torch_utils
+
+        if getattr(torch_utils, "_USE_LAYERNAME", False):
+            _warn_once(
+                "cpp_wrapper",
+                "vllm-x86: VLLM_X86_CPP_WRAPPER=1, but vLLM was imported with "
+                "VLLM_USE_LAYERNAME on, whose layer objects Inductor's C++ wrapper cannot "
+                "pass: compiling with the Python wrapper. Set VLLM_USE_LAYERNAME=0 in the "
+                "environment before vLLM starts (`vllm-x86 serve` does)",
+            )
+            return
+        cc.inductor_compile_config["cpp_wrapper"] = True
+        _info_once(
+            "cpp_wrapper",
+            "vllm-x86: compiled model with Inductor's C++ wrapper (VLLM_X86_CPP_WRAPPER=1)",
+        )
 
     @classmethod
     def _apply_mla_backend(cls, vllm_config) -> None:

@@ -74,9 +74,10 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
         flush=True,
     )
     os.environ.setdefault("VLLM_X86_SERVE_DEFAULTS", "1")  # runtime/envs.py
-    from vllm_x86.runtime.defaults import apply_omp_env
+    from vllm_x86.runtime.defaults import apply_layer_name_env, apply_omp_env
 
     apply_omp_env()  # before the server's torch loads libgomp (docs/threads.md)
+    apply_layer_name_env()  # before vLLM registers its ops (VLLM_X86_CPP_WRAPPER)
     sys.stderr.flush()
     os.execv(sys.executable, argv)
     return 0  # pragma: no cover

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from vllm_x86.runtime.defaults import apply_omp_env
+from vllm_x86.runtime.defaults import apply_layer_name_env, apply_omp_env
 from vllm_x86.tools.daemon import access
 from vllm_x86.tools.daemon.paths import (
     DaemonError,
@@ -183,6 +183,7 @@ def start(
     # OpenMP settings must be in its environment (docs/threads.md).
     env = dict(os.environ)
     apply_omp_env(env)
+    apply_layer_name_env(env)  # before the daemon imports vLLM (VLLM_X86_CPP_WRAPPER)
     if key:  # in the environment, not on the command line other users can read
         env["VLLM_API_KEY"] = key
     cmd = [sys.executable, "-m", "vllm_x86.tools.daemon", "--dir", str(f.root)]

@@ -78,6 +78,10 @@ def runtime_fingerprint() -> str:
 
     root = Path(rt.__file__).parent
     h = hashlib.sha256()
+    # a setting that changes the compiled code, as `vllm-x86 serve` will apply it
+    from vllm_x86.runtime.defaults import apply_layer_name_env
+
+    h.update(f"cpp_wrapper={apply_layer_name_env(dict(os.environ))};".encode())
     for f in sorted(root.rglob("*")):
         if f.suffix in (".py", ".cpp", ".h") and "__pycache__" not in f.parts:
             h.update(str(f.relative_to(root)).encode())
