@@ -56,7 +56,7 @@ def test_group_search_never_worse_than_min_max():
     wg[::7, 3] = 0.4  # outliers: the case where clipping the range pays
     imp = torch.rand(64, generator=g) + 0.5
     s, z = gptq.group_params(wg, imp)
-    rq, rs, rz = quantize_int4(wg, 64, True)
+    rq, rs, rz = quantize_int4(wg, 64, True, "minmax")
 
     def err(scale, zero):
         code = (torch.round(wg / scale[:, None]) + zero[:, None]).clamp(0, 15)

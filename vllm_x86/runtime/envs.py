@@ -88,6 +88,14 @@ SETTINGS: tuple[Setting, ...] = (
         "symmetric ones.",
     ),
     Setting(
+        "VLLM_X86_QUANT_INT4_ROUNDING",
+        "search",
+        "x86_int4 quantizing while loading (and the LM head in INT4, and `vllm-x86 quantize "
+        "--method rtn`, GPTQ's starting ranges): how each group's scale and zero point are "
+        "chosen. search: the least |w|-weighted squared error among a few clipping ranges "
+        "of the group's smaller side; minmax: the group's min and max (the earlier default).",
+    ),
+    Setting(
         "VLLM_X86_QUANT_LM_HEAD",
         "0",
         "x86_int8/x86_int4: 1 (or int8) runs the LM head in INT8 too, int4 in INT4 "

@@ -13,9 +13,11 @@ memory (1 or half a byte per weight), not a replacement.
 
 A prepacked checkpoint written with `--lm-head int4 --method gptq` carries the head's
 GPTQ codes (format.py, lm_head_codes): they are packed instead of rounding the bf16
-head, after checks that they are this head's (rows, columns, groups); round to nearest
-costs the default model about 15 % perplexity in the head alone, GPTQ about 1 %
-(gptq.py).
+head, after checks that they are this head's (rows, columns, groups). Rounded while loading,
+the head alone costs the default model about 13 % perplexity (min/max rounding 14 %;
+a float32 simulation, docs/quantization.md), GPTQ about 1 % (gptq.py). The search
+(methods.quantize_int4) weights the head's errors by w^2, the Linear layers' by |w|:
+the powers that did best on each.
 """
 
 from __future__ import annotations
@@ -57,7 +59,11 @@ class X86LMHeadMethod(UnquantizedEmbeddingMethod):
         if self.codes:
             packed = m.pack_int4_for(kernel, *load_codes(self.codes, n, k, g))
         else:
-            packed = m.quantize_pack(self.bits, kernel, w, g, self.zero_point)
+            # INT4: the rounding the Linear layers use (VLLM_X86_QUANT_INT4_ROUNDING),
+            # its search weighting errors by |w|^2 for the head
+            packed = m.quantize_pack(
+                self.bits, kernel, w, g, self.zero_point, m.HEAD_SEARCH_WEIGHT_POWER
+            )
         layer.x86_lm_kernel = kernel
         layer.x86_lm_group = g
         layer.x86_lm_weight = packed["weight"]

@@ -121,26 +121,122 @@ def _bf16_up(s: torch.Tensor) -> torch.Tensor:
     return b.float()
 
 
-def quantize_int4(w: torch.Tensor, group_size: int, zero_point: bool):
-    """Group-wise INT4: (q [N, K] int32 codes 0..15, scale [K/g, N] bf16,
-    zero [K/g, N] int32 0..15). The weight a code stands for is (q - zero) * scale.
-    Symmetric: zero = 8, scale = amax / 7 (codes 1..15 used). Asymmetric:
-    scale = (max - min) / 15 and zero = round(-min / scale). Scales are rounded up to
-    bf16 first (the kernel multiplies by bf16 scales; rounding down would push the
-    extremes out of range)."""
-    n, k = w.shape
-    wg = w.float().view(n, k // group_size, group_size)
+# How x86_int4 picks each group's scale and zero point (VLLM_X86_QUANT_INT4_ROUNDING):
+# "search" (the default) or "minmax" (each group's own range, the earlier default).
+INT4_ROUNDINGS = ("search", "minmax")
+# The smaller side's range factors "search" tries, widest (min/max's own) first.
+SEARCH_SHRINK = (1.0, 0.9, 0.8, 0.7)
+# The error of each weight counts |w| ** power times its square: SEARCH_WEIGHT_POWER for
+# the Linear layers, HEAD_SEARCH_WEIGHT_POWER for the LM head (lm_head.py; the powers
+# that gave the least perplexity on SmolLM2, docs/quantization.md).
+SEARCH_WEIGHT_POWER = 1.0
+HEAD_SEARCH_WEIGHT_POWER = 2.0
+# Elements of one chunk of groups (float32) the search holds at a time.
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def int4_rounding(value: str | None = None) -> str:
+    """The INT4 rounding asked for: `value`, or VLLM_X86_QUANT_INT4_ROUNDING when None."""
+    if value is None:
+        from vllm_x86.runtime import envs
+
+        value = envs.get("VLLM_X86_QUANT_INT4_ROUNDING")
+    v = str(value).strip().lower()
+    if v not in INT4_ROUNDINGS:
+        raise ValueError(
+            f"VLLM_X86_QUANT_INT4_ROUNDING must be one of {', '.join(INT4_ROUNDINGS)}, not {value!r}"
+        )
+    return v
+
+
+def _group_err(wg, wt, scale, zero) -> torch.Tensor:
+    """Per group, the norm of wt * (w - the weight its code stands for), with
+    `scale`/`zero` [..., G]: the search's objective (a norm, not its square: the same
+    order, one pass less)."""
+    d = wg / scale[..., None]  # as the codes are made (quantize_int4)
+    d.round_().clamp_(-zero[..., None], 15 - zero[..., None])
+    d.mul_(scale[..., None]).sub_(wg).mul_(wt)
+    return torch.linalg.vector_norm(d, dim=-1)
+
+
+def _params_minmax(wg: torch.Tensor, zero_point: bool):
     if zero_point:
         lo = wg.amin(dim=-1).clamp(max=0)
         hi = wg.amax(dim=-1).clamp(min=0)
         scale = _bf16_up((hi - lo) / 15.0)
-        zero = torch.round(-lo / scale).clamp(0, 15)
+        return scale, torch.round(-lo / scale).clamp(0, 15)
+    scale = _bf16_up(wg.abs().amax(dim=-1) / 7.0)
+    return scale, torch.full_like(scale, 8.0)
+
+
+def _params_search(wg: torch.Tensor, zero_point: bool, power: float = SEARCH_WEIGHT_POWER):
+    """Scale and zero point per group, chosen by the least |w|-weighted squared error
+    among a few ranges, the group's min/max range first (so never worse than it in that
+    error; ties keep it). With zero points the side of the larger magnitude keeps its
+    extreme and the other side's range shrinks by SEARCH_SHRINK (clipping its extremes);
+    symmetric: amax / 7 or the finer max(hi / 7, -lo / 8), which uses code 0 (-8)."""
+    wt = wg.abs().pow_(power / 2)
+    lo0 = wg.amin(dim=-1).clamp(max=0)
+    hi0 = wg.amax(dim=-1).clamp(min=0)
+    if zero_point:
+        big_hi = hi0 >= -lo0
+        cands = []
+        for a in SEARCH_SHRINK:
+            lo = torch.where(big_hi, lo0 * a, lo0)
+            hi = torch.where(big_hi, hi0, hi0 * a)
+            scale = _bf16_up((hi - lo) / 15.0)
+            cands.append((scale, torch.round(-lo / scale).clamp(0, 15)))
     else:
-        scale = _bf16_up(wg.abs().amax(dim=-1) / 7.0)
-        zero = torch.full_like(scale, 8.0)
-    q = (torch.round(wg / scale[..., None]) + zero[..., None]).clamp(0, 15)
+        eight = torch.full_like(hi0, 8.0)
+        cands = [
+            (_bf16_up(torch.maximum(hi0, -lo0) / 7.0), eight),
+            (_bf16_up(torch.maximum(hi0 / 7.0, -lo0 / 8.0)), eight),
+        ]
+    best_scale, best_zero = cands[0]
+    best = _group_err(wg, wt, best_scale, best_zero)
+    for scale, zero in cands[1:]:
+        err = _group_err(wg, wt, scale, zero)
+        better = err < best
+        best = torch.where(better, err, best)
+        best_scale = torch.where(better, scale, best_scale)
+        best_zero = torch.where(better, zero, best_zero)
+    return best_scale, best_zero
+
+
+def quantize_int4(
+    w: torch.Tensor,
+    group_size: int,
+    zero_point: bool,
+    rounding: str | None = None,
+    power: float = SEARCH_WEIGHT_POWER,
+):
+    """Group-wise INT4: (q [N, K] int32 codes 0..15, scale [K/g, N] bf16,
+    zero [K/g, N] int32 0..15). The weight a code stands for is (q - zero) * scale.
+    Symmetric: zero = 8 (codes 0..15 stand for -8..7 scales). Asymmetric: a zero point
+    per group. Scales are rounded up to bf16 (the kernel multiplies by bf16 scales;
+    rounding down would push the extremes out of range), and codes are clamped to 0..15.
+
+    `rounding` (None: VLLM_X86_QUANT_INT4_ROUNDING) picks the scale and zero point: "minmax",
+    the group's range (scale = (max - min) / 15, zero = round(-min / scale); symmetric
+    amax / 7); "search", the least squared error, each weight's counted |w| ** `power`
+    times, among a few ranges (_params_search; docs/quantization.md has what each costs
+    and gives). Groups are processed a chunk of rows at a time, all groups of a chunk
+    at once."""
+    search = int4_rounding(rounding) == "search"
+    n, k = w.shape
+    g = k // group_size
+    q = torch.empty(n, k, dtype=torch.int32)
+    scale = torch.empty(n, g)
+    zero = torch.empty(n, g)
+    rows = max(1, _CHUNK_ELEMENTS // k)
+    for r in range(0, n, rows):
+        wg = w[r : r + rows].float().view(-1, g, group_size)
+        s, z = _params_search(wg, zero_point, power) if search else _params_minmax(wg, zero_point)
+        scale[r : r + rows], zero[r : r + rows] = s, z
+        qc = (torch.round(wg / s[..., None]) + z[..., None]).clamp_(0, 15)
+        q[r : r + rows] = qc.view(-1, k).to(torch.int32)
     return (
-        q.view(n, k).to(torch.int32),
+        q,
         scale.t().contiguous().to(torch.bfloat16),
         zero.t().contiguous().to(torch.int32),
     )
@@ -274,15 +370,21 @@ def int4_shape_problem(n: int, k: int, group_size: int, kernel: str = "vllm") ->
 
 
 def quantize_pack(
-    bits: int, kernel: str, w: torch.Tensor, group: int | None = None, zero_point: bool = False
+    bits: int,
+    kernel: str,
+    w: torch.Tensor,
+    group: int | None = None,
+    zero_point: bool = False,
+    power: float = SEARCH_WEIGHT_POWER,
 ) -> dict[str, torch.Tensor]:
     """Quantize a [N, K] weight and pack it for `kernel`: the tensors a quantized layer
     holds, by name (weight, weight_scale and for INT4 weight_zp; for PyTorch's INT4
-    kernel weight and weight_scale_zero). Linear layers and MoE experts share it."""
+    kernel weight and weight_scale_zero). Linear layers and MoE experts share it; the
+    LM head passes its own `power` (quantize_int4)."""
     if bits == 8:
         q, scale = quantize_int8(w)
         return {"weight": pack_int8_for(kernel, q), "weight_scale": scale}
-    return pack_int4_for(kernel, *quantize_int4(w, group, zero_point))
+    return pack_int4_for(kernel, *quantize_int4(w, group, zero_point, power=power))
 
 
 def pack_int4_for(kernel: str, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):

@@ -93,14 +93,17 @@ def plan(
     return Plan(4, m.effective_group_size(k, group_size))
 
 
-def fake_quantize(w, p: Plan, zero_point: bool = True):
-    """The float32 weight a bf16/float [n, k] weight `w` stands for once stored as `p`
-    says: what the kernels compute with (the reference of every parity test)."""
+def fake_quantize(w, p: Plan, zero_point: bool = True, kind: str = "linear"):
+    """The float32 weight a bf16/float [n, k] weight `w` of `kind` stands for once stored
+    as `p` says: what the kernels compute with (the reference of every parity test).
+    INT4 rounds as the methods do (VLLM_X86_QUANT_INT4_ROUNDING; the LM head's search
+    weights its errors as lm_head.py does)."""
     if not p.quantized:
         return w.float()
     if p.bits == 8:
         return m.dequantize_int8(*m.quantize_int8(w))
-    q, scale, zero = m.quantize_int4(w, p.group, zero_point)
+    power = m.HEAD_SEARCH_WEIGHT_POWER if kind == "lm_head" else m.SEARCH_WEIGHT_POWER
+    q, scale, zero = m.quantize_int4(w, p.group, zero_point, power=power)
     return m.dequantize_int4(q, scale, zero, p.group)
 
 
@@ -170,7 +173,8 @@ def options(
     """(group_size, zero_point, lm_head bits: 0, 8 or 4) with the unset ones from the
     environment (VLLM_X86_QUANT_GROUP_SIZE, VLLM_X86_QUANT_ZERO_POINT,
     VLLM_X86_QUANT_LM_HEAD): what a model quantized while it loads uses. Zero points
-    apply to INT4 weights, the LM head's included."""
+    apply to INT4 weights, the LM head's included. Checks VLLM_X86_QUANT_INT4_ROUNDING
+    where INT4 is asked for (the quantizers read it)."""
     from vllm_x86.runtime import envs
 
     if group_size is None:
@@ -178,4 +182,6 @@ def options(
     if zero_point is None:
         zero_point = envs.get_bool("VLLM_X86_QUANT_ZERO_POINT")
     head = lm_head_bits(envs.get("VLLM_X86_QUANT_LM_HEAD") if lm_head is None else lm_head)
+    if bits == 4 or head == 4:
+        m.int4_rounding()  # VLLM_X86_QUANT_INT4_ROUNDING: a wrong value stops here, with a sentence
     return group_size, bool(zero_point) and (bits == 4 or head == 4), head

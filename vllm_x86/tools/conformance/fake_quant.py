@@ -155,7 +155,8 @@ def fake_quantize(
                 new[e] = mats[e]
                 continue
             g = m.effective_group_size(k, group_size)
-            d = scope.fake_quantize(w, scope.Plan(wbits, g if wbits == 4 else None), zero_point)
+            plan = scope.Plan(wbits, g if wbits == 4 else None)
+            d = scope.fake_quantize(w, plan, zero_point, wt.kind)
             new[e] = (d.t() if wt.transposed else d).to(data.dtype)
             what = "int8" if wbits == 8 else f"int4 g{g}" + (" zp" if zero_point else "")
         with torch.no_grad():

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from vllm_x86.runtime.quant.format import Codes
-from vllm_x86.runtime.quant.methods import _bf16_up, dequantize_int4
+from vllm_x86.runtime.quant.methods import SEARCH_SHRINK, _bf16_up, dequantize_int4
 from vllm_x86.tools.quantize import shipped_text
 
 DAMP = 0.01  # share of mean(diag H) added to the diagonal (the GPTQ paper's value)
@@ -49,13 +49,22 @@ def calib_text() -> str:
 
 def group_params(wg: torch.Tensor, imp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale (bf16-representable float32, rounded up) and zero point (0..15) per row of
-    `wg` [N, g]: of the ranges [a*min, a*max] for a in CLIP, the one whose rounding
-    error, weighted per column by `imp` [g], is least. a = 1 is RTN's range."""
+    `wg` [N, g]: of the ranges [a*min, a*max] for a in CLIP and those the while-loading
+    search tries (methods._params_search: the larger side kept, the smaller shrunk), the
+    one whose rounding error, weighted per column by `imp` [g], is least. a = 1 is
+    min/max's range (kept on ties)."""
     lo0 = wg.amin(-1).clamp(max=0)
     hi0 = wg.amax(-1).clamp(min=0)
     a = CLIP[:, None]  # [A, 1]: every range at once
-    scale = _bf16_up((hi0 - lo0)[None] * a / 15.0)  # [A, N]
-    zero = torch.round(-lo0[None] * a / scale).clamp(0, 15)
+    lo, hi = lo0[None] * a, hi0[None] * a
+    # and the ranges of the while-loading search (methods.SEARCH_SHRINK): the side of
+    # the larger magnitude kept, the other shrunk
+    big_hi = hi0 >= -lo0
+    b = torch.tensor(SEARCH_SHRINK[1:])[:, None]
+    lo = torch.cat([lo, torch.where(big_hi, lo0 * b, lo0)])
+    hi = torch.cat([hi, torch.where(big_hi, hi0, hi0 * b)])
+    scale = _bf16_up((hi - lo) / 15.0)  # [A, N]
+    zero = torch.round(-lo / scale).clamp(0, 15)
     q = (torch.round(wg[None] / scale[..., None]) + zero[..., None]).clamp(0, 15)
     err = (((q - zero[..., None]) * scale[..., None] - wg[None]) ** 2 * imp).sum(-1)
     best = err.argmin(0)[None]  # the first (widest) range on ties

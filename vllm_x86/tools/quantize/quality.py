@@ -13,7 +13,8 @@ Each variant runs in a fresh process with vLLM's LLM class (eager mode):
 Variants: bf16; x86_int8; x86_int4 (group 128, zero points: the defaults); -head: the LM
 head in INT8 too; -a16: 16-bit activations at every row count (VLLM_X86_QUANT_A8_ROWS=0);
 x86_int8-w8a8 / x86_int4-w4a8: vLLM's kernels (8-bit activations);
-x86_int4-sym (symmetric groups), -g64, -g32; -wo: PyTorch's weight-only kernels on the
+x86_int4-sym (symmetric groups), -g64, -g32; x86_int4-minmax / x86_int4-head4-minmax: each
+group's min/max range (VLLM_X86_QUANT_INT4_ROUNDING=minmax) instead of the default search; -wo: PyTorch's weight-only kernels on the
 same weights; x86_int4-gptq / x86_int4-rtn-prepacked: a directory `vllm-x86 quantize`
 writes first (GPTQ / round-to-nearest codes), served as it is; x86_int4-gptq-head4: the
 same with `--lm-head int4` (the LM head's GPTQ codes too). Prints a markdown table.
@@ -58,6 +59,12 @@ VARIANTS: dict[str, tuple[str | None, dict[str, str]]] = {
     "x86_int4": ("x86_int4", {}),
     "x86_int4-head": ("x86_int4", {"VLLM_X86_QUANT_LM_HEAD": "1"}),
     "x86_int4-head4": ("x86_int4", {"VLLM_X86_QUANT_LM_HEAD": "int4"}),
+    # the earlier default rounding (each group's min and max), for comparisons
+    "x86_int4-minmax": ("x86_int4", {"VLLM_X86_QUANT_INT4_ROUNDING": "minmax"}),
+    "x86_int4-head4-minmax": (
+        "x86_int4",
+        {"VLLM_X86_QUANT_LM_HEAD": "int4", "VLLM_X86_QUANT_INT4_ROUNDING": "minmax"},
+    ),
     "x86_int4-sym": ("x86_int4", {"VLLM_X86_QUANT_ZERO_POINT": "0"}),
     "x86_int4-g64": ("x86_int4", {"VLLM_X86_QUANT_GROUP_SIZE": "64"}),
     "x86_int4-g32": ("x86_int4", {"VLLM_X86_QUANT_GROUP_SIZE": "32"}),
