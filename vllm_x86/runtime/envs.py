@@ -139,6 +139,14 @@ SETTINGS: tuple[Setting, ...] = (
         "points; 0: vLLM CPU's worker process.",
     ),
     Setting(
+        "VLLM_X86_USE_PREPACKED",
+        "1",
+        "`vllm-x86 serve MODEL --quantization x86_int8|x86_int4` (and the playground's "
+        "INT8/INT4 switch) serves a prepacked checkpoint `vllm-x86 quantize` wrote for the "
+        "same weights with the same settings, instead of quantizing again while loading; "
+        "0 always quantizes while loading.",
+    ),
+    Setting(
         "VLLM_X86_CPP_WRAPPER",
         "0",
         "1: in compiled mode Inductor writes the model's wrapper code in C++ "

@@ -73,6 +73,7 @@ def serve_argv(model: str | None, passthrough: list[str]) -> tuple[list[str], st
     if revision is not None and served_name is not None and "/" in served_name:
         # a hub id: the revision chose the snapshot, and vLLM gets that directory
         passthrough = _strip_flag(passthrough, "--revision")
+    path, passthrough, served_name = _prepacked_instead(model, path, passthrough, served_name)
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path]
     host = _flag_value(passthrough, "--host")
     if host is None:
@@ -84,6 +85,33 @@ def serve_argv(model: str | None, passthrough: list[str]) -> tuple[list[str], st
     if _eager_without_compiler(passthrough):
         argv += ["--enforce-eager"]
     return argv + passthrough, host, port
+
+
+def _prepacked_instead(
+    model: str | None, path: str, passthrough: list[str], served_name: str | None
+) -> tuple[str, list[str], str | None]:
+    """`--quantization x86_int8|x86_int4` of a model that `vllm-x86 quantize` has already
+    written with those settings: serve that prepacked directory instead, under the name
+    the model would have had (quantize/index.py says when one qualifies)."""
+    quant = _flag_value(passthrough, "--quantization")
+    if quant not in ("x86_int8", "x86_int4") or not os.path.isdir(path):
+        return path, passthrough, served_name
+    from vllm_x86.tools.quantize import index
+
+    found = index.find(path, 8 if quant == "x86_int8" else 4)
+    if found is None:
+        return path, passthrough, served_name
+    how = "GPTQ, calibrated" if found["method"] == "gptq" else "rounded as while loading"
+    print(
+        f"vllm-x86: serving the prepacked {quant.removeprefix('x86_').upper()} checkpoint "
+        f"{found['out']} (`vllm-x86 quantize`, {how}) instead of quantizing {path} again "
+        "while it loads; VLLM_X86_USE_PREPACKED=0 quantizes it again",
+        file=sys.stderr,
+        flush=True,
+    )
+    if served_name is None and not _has_flag(passthrough, "--served-model-name"):
+        served_name = model or path  # the name clients would have seen
+    return found["out"], _strip_flag(passthrough, "--quantization"), served_name
 
 
 # Flags by which a user chooses the compilation mode themselves.

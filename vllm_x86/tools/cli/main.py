@@ -300,6 +300,15 @@ def cmd_quantize(ns: argparse.Namespace) -> int:
         )
     except ConvertError as e:
         raise CliError(str(e)) from None
+    from vllm_x86.tools.quantize import index
+
+    why = index.record(model, ns.out)  # `serve MODEL --quantization ...` serves it now
+    if why:
+        print(
+            f"vllm-x86: note: `vllm-x86 serve {ns.model} --quantization ...` will not find "
+            f"this checkpoint by itself: {why}; serve {ns.out} directly",
+            flush=True,
+        )
     if not ns.no_compile:
         from pathlib import Path
 

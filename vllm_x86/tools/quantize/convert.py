@@ -45,7 +45,7 @@ import shutil
 import time
 from pathlib import Path
 
-from vllm_x86.runtime import diskfaults
+from vllm_x86.runtime import diskfaults, envs
 from vllm_x86.runtime.quant import format as qformat
 from vllm_x86.runtime.quant import scope
 
@@ -448,6 +448,13 @@ def _quantize_checkpoint(
         "group_size": group_size if bits == 4 else None,
         "zero_point": bool(zero_point) if bits == 4 else False,
         "method": method,
+        # INT4 rounded without calibration: how (`serve --quantization` reuses this
+        # directory only where it would round the same way: quantize/index.py)
+        **(
+            {"rounding": envs.get("VLLM_X86_QUANT_INT4_ROUNDING").strip().lower()}
+            if bits == 4 and method == "rtn"
+            else {}
+        ),
         "prepacked": True,
         "layout": layout,
         "format_version": qformat.HEAD_CODES_VERSION
@@ -497,9 +504,16 @@ def _quantize_checkpoint(
     )
     tmp.rename(out)
     out_bytes = sum(v["bytes"] for v in manifest["files"].values())
+    how = (
+        "GPTQ, calibrated"
+        if method == "gptq"
+        else f"no calibration, groups rounded by {config['quantization_config']['rounding']}"
+        if bits == 4
+        else "no calibration, rounded to nearest per channel"
+    )
     _say(
         progress,
-        f"{name}: {len(quantized)} layers quantized, {len(kept)} kept; weights "
+        f"{name} ({how}): {len(quantized)} layers quantized, {len(kept)} kept; weights "
         f"{in_bytes / 2**20:.0f} MiB -> {out_bytes / 2**20:.0f} MiB in "
         f"{time.monotonic() - t0:.1f} s; serve it with: vllm-x86 serve {out}",
     )
