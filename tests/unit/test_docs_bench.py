@@ -86,7 +86,11 @@ def test_quality_summary_renders_its_table(path):
     table = quality.render(s)
     assert "| bf16 | " in table
     assert all("greedy" not in v for v in s["variants"].values())
-    assert re.fullmatch(r"[0-9a-f]{7,}", s["raw"]["commit"])
+    raw = s["raw"]
+    if isinstance(raw, str):  # the quality runner's own summary: its results stay out of git
+        assert raw.endswith("results.json") and "docs/bench" not in raw, raw
+    else:  # older summaries: the raw results were in git at that commit
+        assert re.fullmatch(r"[0-9a-f]{7,}", raw["commit"])
 
 
 def test_every_chart_has_its_summary_beside_it():
