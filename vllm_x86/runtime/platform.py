@@ -280,7 +280,7 @@ class X86Platform(CpuPlatform):
             return
         from vllm.utils import torch_utils
 
-        if getattr(torch_utils, "_USE_LAYERNAME", False):
+        if getattr(torch_utils, "LayerNameType", str) is not str:  # LayerName objects
             _warn_once(
                 "cpp_wrapper",
                 "vllm-x86: VLLM_X86_CPP_WRAPPER=1, but vLLM was imported with "

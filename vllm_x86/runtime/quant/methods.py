@@ -225,9 +225,9 @@ def quantize_int4(
     search = int4_rounding(rounding) == "search"
     n, k = w.shape
     g = k // group_size
-    q = torch.empty(n, k, dtype=torch.int32)
-    scale = torch.empty(n, g)
-    zero = torch.empty(n, g)
+    q = torch.empty(n, k, dtype=torch.int32, device=w.device)  # meta: the reference's plan
+    scale = torch.empty(n, g, device=w.device)
+    zero = torch.empty(n, g, device=w.device)
     rows = max(1, _CHUNK_ELEMENTS // k)
     for r in range(0, n, rows):
         wg = w[r : r + rows].float().view(-1, g, group_size)
