@@ -8,7 +8,13 @@ quantizes replaced by its dequantized codes (quant/fake.fake_quantize: Linear
 layers and routed experts; router, norms, embeddings as they are). Fed vLLM's own
 greedy tokens, it must rank each of them first (or within NEAR_TIE of first: vLLM runs
 bf16 activations) and give its log-probability within LOGPROB_TOL. Measured on
-Qwen3-MoE: every token first, log-probabilities within 0.03 (INT8) and 0.07 (INT4).
+Qwen3-MoE: every token first, log-probabilities within 0.03 (INT8) and 0.07 (INT4 with
+each group's min/max range); with the range search that is INT4's default since
+2026-12-05 (VLLM_X86_QUANT_INT4_ROUNDING) up to 0.154 at one step and 0.10-0.14 at three
+more (Xeon with AMX), with the same rounding on both sides (a rounding that differs between
+vLLM and the reference puts vLLM's tokens up to 3.3 logits below first): why the
+search's weights double the bf16 activations' effect here is not known, hence
+LOGPROB_TOL 0.25.
 The same reference with the experts left in bf16 is further from vLLM's log-probs
 (INT8 mean 0.024 against 0.015; INT4 0.45 against 0.024, and ranks some of vLLM's
 tokens 1.9 logits below first): the experts' codes are what vLLM computes with.
@@ -56,7 +62,7 @@ pytestmark = [
 
 NEW_TOKENS = 16
 NEAR_TIE = 0.1  # logits
-LOGPROB_TOL = 0.15
+LOGPROB_TOL = 0.25  # see the module docstring
 ROUTER_TIE = 0.005  # router logits: k-th best minus (k+1)-th
 MAX_TIES = 4
 EXTRA = {"Qwen3MoeForCausalLM": {"norm_topk_prob": True}}
