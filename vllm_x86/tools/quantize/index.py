@@ -75,27 +75,15 @@ def record(model_dir, out_dir) -> str | None:
     return None
 
 
-def wanted(bits: int, environ=None) -> dict:
-    """The settings `--quantization x86_int{bits}` would quantize with while loading."""
-    from vllm_x86.runtime import envs
-    from vllm_x86.runtime.quant.scope import lm_head_bits
+def wanted(bits: int) -> dict:
+    """The settings `--quantization x86_int{bits}` would quantize with while loading
+    (scope.options and methods.int4_rounding read them as the server does)."""
+    from vllm_x86.runtime.quant import methods, scope
 
-    env = os.environ if environ is None else environ
-
-    def get(name: str) -> str:
-        v = env.get(name)
-        return envs.get(name) if v is None or v == "" else v
-
-    out = {"bits": bits, "lm_head": lm_head_bits(get("VLLM_X86_QUANT_LM_HEAD"))}
+    group_size, zero_point, head = scope.options(bits)
+    out = {"bits": bits, "lm_head": head}
     if bits == 4:
-        out["group_size"] = int(get("VLLM_X86_QUANT_GROUP_SIZE"))
-        out["zero_point"] = get("VLLM_X86_QUANT_ZERO_POINT").strip().lower() in (
-            "1",
-            "true",
-            "yes",
-            "on",
-        )
-        out["rounding"] = get("VLLM_X86_QUANT_INT4_ROUNDING").strip().lower()
+        out.update(group_size=group_size, zero_point=zero_point, rounding=methods.int4_rounding())
     return out
 
 
@@ -115,20 +103,24 @@ def _matches(qc: dict, want: dict) -> bool:
     return method == "gptq" or (method == "rtn" and qc.get("rounding") == want["rounding"])
 
 
-def find(model_dir, bits: int, environ=None) -> dict | None:
+def find(model_dir, bits: int) -> dict | None:
     """The best usable prepacked checkpoint of `model_dir` for `--quantization
-    x86_int{bits}`: {"out", "method", "written"}; None if there is none."""
+    x86_int{bits}`: {"out", "method", "written"}; None if there is none (also when a
+    quantization setting is invalid: the server then says which)."""
+    from vllm_x86.runtime import envs
     from vllm_x86.runtime.quant.format import FormatError, check_prepacked
 
-    env = os.environ if environ is None else environ
-    if env.get("VLLM_X86_USE_PREPACKED", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not envs.get_bool("VLLM_X86_USE_PREPACKED"):
         return None
     src = str(Path(model_dir).resolve())
     entries = _load(index_path(src))
     if not entries:
         return None
     fp = fingerprint(src)
-    want = wanted(bits, environ)
+    try:
+        want = wanted(bits)
+    except ValueError:
+        return None
     found = []
     for e in entries:
         out = Path(e.get("out", ""))
