@@ -55,6 +55,44 @@ def test_threads_setting(monkeypatch):
         defaults.choose_threads(cpu(2))
 
 
+def test_two_ranks_on_two_cores_get_one_core_each():
+    bind, reason = defaults.choose_threads(cpu(2), ranks=2)
+    assert bind == "0|1"
+    assert "rank 0 on CPUs 0, rank 1 on CPUs 1" in reason
+
+
+def test_one_rank_per_numa_node_on_a_two_socket_machine():
+    # 2 nodes of 32 cores: each rank keeps its node and leaves a core to the engine loop
+    bind, reason = defaults.choose_threads(cpu(64, nodes=2), ranks=2)
+    assert bind == "0-30|32-62"
+    assert "one NUMA node each" in reason
+
+
+def test_more_ranks_than_nodes_split_each_node():
+    assert defaults.rank_cpus(cpu(16, nodes=2), 4) == [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [8, 9, 10, 11],
+        [12, 13, 14, 15],
+    ]
+    # 3 ranks over 2 nodes cannot divide the nodes: the cores are split in node order
+    assert defaults.rank_cpus(cpu(6, nodes=2), 3) == [[0, 1], [2, 3], [4, 5]]
+    # SMT siblings are left out: one logical CPU per core
+    assert defaults.choose_threads(cpu(4, smt=2), ranks=2)[0] == "0,2|4,6"
+
+
+def test_more_ranks_than_cores_is_refused_with_what_would_work():
+    with pytest.raises(
+        defaults.LayoutError, match="3 ranks need at least 3 physical cores.*at most 2"
+    ):
+        defaults.choose_threads(cpu(2), ranks=3)
+
+
+def test_threads_setting_applies_per_rank(monkeypatch):
+    monkeypatch.setenv("VLLM_X86_THREADS", "2")
+    assert defaults.choose_threads(cpu(8), ranks=2)[0] == "0-1|4-5"
+
+
 def mem(avail_gib: float) -> hardware.MemoryInfo:
     return hardware.MemoryInfo(total=int(64 * GiB), available=int(avail_gib * GiB), source="test")
 

@@ -16,8 +16,11 @@ from vllm_x86.runtime.hardware import GiB
 SMALL_MACHINE_CORES = 4
 
 
-def choose_threads(cpu: hardware.CpuInfo | None = None) -> tuple[str | None, str]:
+def choose_threads(cpu: hardware.CpuInfo | None = None, ranks: int = 1) -> tuple[str | None, str]:
     """The plugin's thread layout: (value for VLLM_CPU_OMP_THREADS_BIND or None, reason).
+
+    `ranks` is the number of model processes on this machine (tensor x pipeline
+    parallel); with more than one see _rank_layout.
 
     None means "keep vLLM's own layout". vLLM CPU runs the model on one OpenMP thread
     per physical core and keeps one core per worker free for the engine loop. On a
@@ -29,6 +32,8 @@ def choose_threads(cpu: hardware.CpuInfo | None = None) -> tuple[str | None, str
     """
     cpu = cpu or hardware.cpu_info()
     wanted = envs.get("VLLM_X86_THREADS").strip().lower()
+    if ranks > 1:
+        return _rank_layout(cpu, ranks, wanted)
     node = cpu.numa_nodes[0]
     node_cores = [c for c in cpu.core_cpus if c in cpu.cpus_by_node.get(node, [])]
     node_cores = node_cores or cpu.core_cpus or cpu.logical_cpus
@@ -54,6 +59,94 @@ def choose_threads(cpu: hardware.CpuInfo | None = None) -> tuple[str | None, str
         f"{cpu.physical_cores} cores on {len(cpu.numa_nodes)} NUMA node(s): vLLM's "
         "layout (a thread per physical core, one core per worker kept for the engine loop)"
     )
+
+
+class LayoutError(ValueError):
+    """A rank layout this machine cannot run; the message says what would."""
+
+
+def node_cores(cpu: hardware.CpuInfo) -> dict[int, list[int]]:
+    """Each NUMA node's physical cores (one logical CPU each), in node order."""
+    out = {}
+    for node in cpu.numa_nodes:
+        cores = [c for c in cpu.core_cpus if c in cpu.cpus_by_node.get(node, [])]
+        if cores:
+            out[node] = cores
+    if not out:
+        out[cpu.numa_nodes[0] if cpu.numa_nodes else 0] = cpu.core_cpus or cpu.logical_cpus
+    return out
+
+
+def rank_cpus(cpu: hardware.CpuInfo, ranks: int) -> list[list[int]]:
+    """The physical cores of each of `ranks` model processes on this machine.
+
+    One rank per NUMA node where there are at least as many nodes as ranks (how vLLM
+    CPU and SGLang CPU run multi-socket machines: each rank reads its weights from its
+    own node's memory). With more ranks than nodes, each node's cores are split evenly
+    among the same number of ranks when the ranks divide among the nodes; otherwise the
+    cores, in node order, are split evenly (a rank may then span two nodes). Raises
+    LayoutError when there are fewer cores than ranks."""
+    nodes = node_cores(cpu)
+    total = sum(len(c) for c in nodes.values())
+    if ranks > total:
+        raise LayoutError(
+            f"{ranks} ranks need at least {ranks} physical cores, one each; this machine "
+            f"lets the server use {total}: use at most {total} ranks "
+            "(tensor parallel x pipeline parallel)"
+        )
+    groups = list(nodes.values())
+    if ranks <= len(groups):
+        return [list(g) for g in groups[:ranks]]
+    if ranks % len(groups) == 0 and all(len(g) >= ranks // len(groups) for g in groups):
+        per_node = ranks // len(groups)
+        return [part for g in groups for part in _split(g, per_node)]
+    return _split([c for g in groups for c in g], ranks)
+
+
+def _split(cores: list[int], parts: int) -> list[list[int]]:
+    size, extra = divmod(len(cores), parts)
+    out, start = [], 0
+    for i in range(parts):
+        n = size + (1 if i < extra else 0)
+        out.append(cores[start : start + n])
+        start += n
+    return out
+
+
+def _rank_layout(cpu: hardware.CpuInfo, ranks: int, wanted: str) -> tuple[str, str]:
+    """choose_threads for several ranks: a "|"-separated list, rank by rank, which is
+    what VLLM_CPU_OMP_THREADS_BIND takes for tensor and pipeline parallel. vLLM's own
+    "auto" layout needs a NUMA node per rank and keeps a core per rank for the engine
+    loop; the plugin's works on any machine with a core per rank. Ranks with more than
+    SMALL_MACHINE_CORES cores leave their last core to the engine loop and the
+    communicator's threads, as vLLM's layout does; smaller ones use every core."""
+    parts = rank_cpus(cpu, ranks)
+    limit = None
+    if wanted not in ("", "auto"):
+        try:
+            limit = int(wanted)
+        except ValueError:
+            raise ValueError(
+                f"VLLM_X86_THREADS must be 'auto' or a positive number, not {wanted!r}"
+            ) from None
+        if limit < 1:
+            raise ValueError("VLLM_X86_THREADS must be at least 1")
+    chosen = []
+    for part in parts:
+        if limit is not None:
+            part = part[:limit]
+        elif len(part) > SMALL_MACHINE_CORES:
+            part = part[:-1]
+        chosen.append(part)
+    bind = "|".join(_cpu_list(p) for p in chosen)
+    nodes = node_cores(cpu)
+    where = "one NUMA node each" if ranks <= len(nodes) else f"{len(nodes)} NUMA node(s) shared"
+    why = (
+        (f"VLLM_X86_THREADS={limit}: " if limit is not None else "")
+        + f"{ranks} ranks on {where}: "
+        + ", ".join(f"rank {i} on CPUs {_cpu_list(p)}" for i, p in enumerate(chosen))
+    )
+    return bind, why
 
 
 # How often an idle OpenMP thread of the model checks for work before it sleeps, where

@@ -43,7 +43,7 @@ SETTINGS: tuple[Setting, ...] = (
         "VLLM_X86_THREADS",
         "auto",
         "Compute threads: 'auto' (the plugin's choice for this machine, see doctor) "
-        "or a number. Ignored when VLLM_CPU_OMP_THREADS_BIND is set.",
+        "or a number (per rank with tensor or pipeline parallel). Ignored when VLLM_CPU_OMP_THREADS_BIND is set.",
     ),
     Setting(
         "VLLM_X86_KV_CACHE_GIB",

@@ -65,6 +65,16 @@ def _warn_once(key: str, msg: str, *args) -> None:
         logger.warning(msg, *args)
 
 
+def _local_ranks(vllm_config) -> int:
+    """Model processes on this machine: tensor x pipeline parallel ranks, times the
+    data-parallel engines started here (vLLM takes their thread lists in that order)."""
+    if vllm_config is None:
+        return 1
+    parallel = vllm_config.parallel_config
+    dp_local = getattr(parallel, "data_parallel_size_local", 1) or 1
+    return max(1, parallel.local_world_size) * max(1, dp_local)
+
+
 def _user_set(name: str) -> bool:
     return os.environ.get(name, "") != ""
 
@@ -221,7 +231,7 @@ class X86Platform(CpuPlatform):
                 hardware.plugin_supported()[1],
             )
         cls._apply_omp_env()  # before the layout sets VLLM_CPU_OMP_THREADS_BIND itself
-        cls._apply_thread_layout()
+        cls._apply_thread_layout(vllm_config)
         cls._apply_kv_cache_size(vllm_config)
         cls._apply_mla_backend(vllm_config)
         # what vLLM decided before vLLM CPU switches it off
@@ -394,7 +404,7 @@ class X86Platform(CpuPlatform):
         )
 
     @classmethod
-    def _apply_thread_layout(cls) -> None:
+    def _apply_thread_layout(cls, vllm_config=None) -> None:
         chosen_here = os.environ.get(CHOSEN_ENV, "")
         if "threads" in chosen_here.split(","):
             return  # chosen (and logged) by the process that started this one
@@ -407,7 +417,7 @@ class X86Platform(CpuPlatform):
                 os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", ""),
             )
             return
-        bind, reason = choose_threads()
+        bind, reason = choose_threads(ranks=_local_ranks(vllm_config))
         _mark_chosen("threads")
         if bind is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
