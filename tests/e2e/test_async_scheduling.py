@@ -4,12 +4,10 @@ eager, vLLM's LLM class in a fresh process) gives the same tokens as synchronous
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import pytest
 
 from tests.conftest import PYTHON, clean_env
+from tests.helpers import results
 
 pytestmark = pytest.mark.slow
 
@@ -28,16 +26,12 @@ print("RESULT " + json.dumps({
 
 
 def _run(model, value: str) -> dict:
-    r = subprocess.run(
+    return results.run(
         [PYTHON, "-c", SCRIPT, str(model)],
-        capture_output=True,
-        text=True,
         timeout=600,
         env=clean_env(VLLM_X86_ASYNC_SCHEDULING=value),
+        with_log=True,
     )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    line = next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))
-    return {**json.loads(line[len("RESULT ") :]), "log": r.stdout + r.stderr}
 
 
 def test_async_scheduling_on_gives_the_tokens_of_synchronous_steps(default_model):

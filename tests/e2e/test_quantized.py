@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import HELPERS, PYTHON, clean_env
+from tests.helpers import results
 from vllm_x86.runtime.quant.methods import quant_isa
 
 pytestmark = [
@@ -64,9 +65,7 @@ def generate(
     )
     if not check:
         return r
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    line = next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))
-    return {**json.loads(line[len("RESULT ") :]), "log": r.stdout + r.stderr}
+    return results.read(r, with_log=True)
 
 
 @pytest.mark.parametrize("bits,lm_head", [(8, False), (4, False), (4, True)])

@@ -50,6 +50,7 @@ import pytest
 import torch
 
 from tests.conftest import HELPERS, PYTHON, clean_env
+from tests.helpers import results
 from vllm_x86.runtime.quant.methods import quant_isa
 
 pytestmark = [
@@ -101,9 +102,7 @@ def _serve(model, prompt, *extra, eager=True, env=None) -> dict:
         timeout=900,
         env=clean_env(**(env or {})),
     )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    line = next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))
-    return {**json.loads(line[len("RESULT ") :]), "log": r.stdout + r.stderr}
+    return results.read(r, with_log=True)
 
 
 def _reference(model_dir, bits: int, quantize_experts: bool):

@@ -20,8 +20,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import subprocess
 import sys
+
+from tests.helpers import results
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -78,17 +79,11 @@ print("RESULT " + json.dumps(out), flush=True)
 
 
 def run_plugin(model_dir: str, prompts, new: int, configs: str, env=None) -> dict:
-    p = subprocess.run(
+    return results.run(
         [sys.executable, "-c", _VLLM, model_dir, json.dumps(prompts), str(new), configs],
-        capture_output=True,
-        text=True,
         env=env,
         timeout=3000,
     )
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"vLLM run failed ({p.returncode}):\n{p.stderr[-4000:]}")
 
 
 class Reference:

@@ -26,11 +26,11 @@ tests/helpers/logit_error.py (the demo's France question first).
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
 from tests.conftest import HELPERS, PYTHON, clean_env
+from tests.helpers import results
 from tests.helpers.logit_error import QUESTIONS, Reference, agrees_until_tie, prompt_ids
 
 # the first test builds the references and runs the four engines (~10 min here, more
@@ -66,11 +66,7 @@ def run_vllm(model_dir, dtype: str, eager: bool, prompts, **env) -> dict:
     ]
     if eager:
         cmd.append("--eager")
-    p = subprocess.run(cmd, env=clean_env(**env), capture_output=True, text=True, timeout=900)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise AssertionError(f"vLLM run failed ({p.returncode}):\n{p.stderr[-4000:]}")
+    return results.run(cmd, env=clean_env(**env), timeout=900)
 
 
 # The plugin's engines one after another in one fresh process: one Python + vLLM import
@@ -109,17 +105,11 @@ print("RESULT " + json.dumps(out), flush=True)
 @pytest.fixture(scope="module")
 def plugin_runs(default_model, reference) -> dict:
     prompts = reference[0]
-    p = subprocess.run(
+    return results.run(
         [PYTHON, "-c", _PLUGIN_RUNS, str(default_model), json.dumps(prompts), str(NEW_TOKENS)],
         env=clean_env(),
-        capture_output=True,
-        text=True,
         timeout=2400,
     )
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise AssertionError(f"vLLM run failed ({p.returncode}):\n{p.stderr[-4000:]}")
 
 
 def _follows(res: dict, reference, margin: float) -> list[str]:

@@ -7,12 +7,12 @@ CPU platform turns it off for CPU_MLA, and the long prompt still prefills whole.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 import torch
 
+from tests.helpers import results
 from vllm_x86.tools.conformance import conformance as conf
 from vllm_x86.tools.conformance import tiny
 from vllm_x86.tools.conformance.archs import BY_NAME
@@ -59,16 +59,7 @@ def test_deepseek_v2_float32_batch_matches_transformers():
         tiny.prompt_ids(vocab, n=40, seed=2),  # more than the 16-token budget
     ]
     job = json.dumps({"model": str(model_dir), "prompts": prompts, "new": NEW})
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUN, job],
-        capture_output=True,
-        text=True,
-        env=conf.worker_env(),
-        timeout=900,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    got = json.loads(lines[-1][7:])
+    got = results.run([sys.executable, "-c", _RUN, job], env=conf.worker_env(), timeout=900)
     if torch.cpu._is_amx_tile_supported():
         # vLLM CPU would pick AMX_MLA (bf16 only); the plugin sets CPU_MLA
         assert got["backend"].endswith("CPU_MLA")

@@ -11,11 +11,11 @@ transformers' greedy tokens.
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
 from tests.conftest import PYTHON, clean_env
+from tests.helpers import results
 
 pytestmark = pytest.mark.slow
 
@@ -93,18 +93,15 @@ print("RESULT " + json.dumps(out), flush=True)
 @pytest.fixture(scope="module")
 def runs(tiny_qwen3):
     """{"bfloat16-fused": {"token_ids", "log"}, "bfloat16-unfused": ..., "float32-...": ...}"""
-    p = subprocess.run(
+    tokens = results.run(
         [PYTHON, "-c", _RUN, str(tiny_qwen3), json.dumps(IDS), str(NEW_TOKENS), UNFUSED, MARK],
         env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
         timeout=1200,
+        with_log=True,
+        merge_output=True,
     )
-    line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line, f"vLLM run failed ({p.returncode}):\n{p.stdout[-6000:]}"
-    tokens = json.loads(line[len("RESULT ") :])
-    logs = dict(part.split("\n", 1) for part in p.stdout.split(MARK)[1:])
+    log = tokens.pop("log")
+    logs = dict(part.split("\n", 1) for part in log.split(MARK)[1:])
     return {k: {"token_ids": v, "log": logs[k]} for k, v in tokens.items()}
 
 
