@@ -241,15 +241,25 @@ def choose_kv_cache_bytes(
     mem: hardware.MemoryInfo | None = None,
     bytes_per_token: int | None = None,
     max_model_len: int | None = None,
+    ranks: int = 1,
 ) -> tuple[int, str]:
-    """KV-cache size when the user gave none.
+    """KV-cache size of one model process when the user gave none.
 
     Enough for KV_FULL_SEQUENCES sequences of the model's full context when its shape
     is known, at least 1 GiB, at most a quarter of the memory available now (and
     never so much that less than 2 GiB stay free). vLLM CPU touches the whole KV
     cache at start (about 1.7 s per GiB on the development VM), so a cache far
     larger than the model can use only slows the start.
+
+    `ranks` is the number of model processes (tensor / pipeline parallel ranks) that
+    plan with `mem`: vLLM's kv_cache_memory_bytes is per rank, so the quarter, the
+    2 GiB left free and the 1 GiB floor are shared among them (each rank holds only its
+    layers' and KV heads' part of a token, so the ranks together hold as many tokens as
+    one rank would); `bytes_per_token` is
+    then one rank's (its layers, its KV heads). parallel_plan.rank_kv_cache_bytes
+    says which ranks share which memory.
     """
+    ranks = max(1, ranks)
     wanted = envs.get("VLLM_X86_KV_CACHE_GIB").strip().lower()
     mem = mem or hardware.memory_info()
     if wanted not in ("", "auto"):
@@ -262,8 +272,9 @@ def choose_kv_cache_bytes(
         if gib <= 0:
             raise ValueError("VLLM_X86_KV_CACHE_GIB must be positive")
         return int(gib * GiB), f"VLLM_X86_KV_CACHE_GIB={wanted}"
-    cap = min(mem.available // 4, 32 * GiB)
-    floor = min(1 * GiB, max(mem.available - 2 * GiB, GiB // 2))
+    cap = min(mem.available // 4, 32 * GiB) // ranks
+    most = max(mem.available - 2 * GiB, GiB // 2) // ranks
+    floor = min(1 * GiB // ranks, most)
     if bytes_per_token and max_model_len:
         need = bytes_per_token * max_model_len * KV_FULL_SEQUENCES
         size = max(min(need, cap), floor)
@@ -271,14 +282,16 @@ def choose_kv_cache_bytes(
             f"{KV_FULL_SEQUENCES} sequences of {max_model_len} tokens need "
             f"{need / GiB:.2f} GiB; at least 1 GiB, at most a quarter of the "
             f"{mem.available / GiB:.1f} GiB available ({mem.source})"
+            + (f", both shared by {ranks} ranks" if ranks > 1 else "")
         )
     else:
         size = max(cap, floor)
         why = (
             f"a quarter of the {mem.available / GiB:.1f} GiB available "
             f"({mem.source}), at least 1 GiB"
+            + (f", both shared by {ranks} ranks" if ranks > 1 else "")
         )
-    size = min(size, max(mem.available - 2 * GiB, GiB // 2))
+    size = min(size, most)
     size = -(-size // _BLOCK) * _BLOCK  # whole 64 MiB blocks
     return size, why
 

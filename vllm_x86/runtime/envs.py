@@ -48,7 +48,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "VLLM_X86_KV_CACHE_GIB",
         "auto",
-        "KV-cache size in GiB: 'auto' (the plugin's choice) or a number. Ignored when "
+        "KV-cache size in GiB, per rank: 'auto' (the plugin's choice) or a number. Ignored when "
         "VLLM_CPU_KVCACHE_SPACE, --kv-cache-memory-bytes or "
         "--gpu-memory-utilization is given.",
     ),
@@ -274,7 +274,7 @@ SETTINGS: tuple[Setting, ...] = (
         "VLLM_X86_CHOSEN",
         "",
         "The defaults this process tree's first process chose (comma-separated: active, "
-        "threads, omp, fork, spawn), so the processes it starts neither choose nor log "
+        "threads, omp, fork, spawn, layout-TPxPP), so the processes it starts neither choose nor log "
         "them again (platform.py).",
         internal=True,
     ),

@@ -231,6 +231,7 @@ class X86Platform(CpuPlatform):
                 hardware.plugin_supported()[1],
             )
         cls._apply_omp_env()  # before the layout sets VLLM_CPU_OMP_THREADS_BIND itself
+        cls._check_layout(vllm_config)  # a layout that cannot run: refused before any start
         cls._apply_thread_layout(vllm_config)
         cls._apply_kv_cache_size(vllm_config)
         cls._apply_mla_backend(vllm_config)
@@ -254,6 +255,63 @@ class X86Platform(CpuPlatform):
         from vllm_x86.runtime.ops import registry
 
         registry.register_all()
+
+    @classmethod
+    def _check_layout(cls, vllm_config) -> None:
+        """Tensor / pipeline parallel layouts that cannot run (heads or layers that do
+        not divide, more ranks than cores, weights over the memory) raise LayoutError, a
+        ValueError with the sentence of parallel_plan, before any worker starts. vLLM
+        checks the attention heads against TP itself, earlier (VllmConfig.__post_init__),
+        so that one case still shows vLLM's message here; `vllm-x86 serve` refuses it
+        with the plugin's before vLLM starts. Checked once per layout, in the first
+        process: its children, which inherit the mark, would count the memory their
+        siblings already took as missing."""
+        model = vllm_config.model_config
+        if model is None:
+            return
+        parallel = vllm_config.parallel_config
+        tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+        mark = f"layout-{tp}x{pp}"
+        if mark in os.environ.get(CHOSEN_ENV, "").split(","):
+            return
+        from vllm_x86.runtime import parallel_plan
+
+        cache = vllm_config.cache_config
+        kv = cache.kv_cache_memory_bytes
+        if _user_set("VLLM_CPU_KVCACHE_SPACE"):
+            kv = int(float(os.environ["VLLM_CPU_KVCACHE_SPACE"]) * GiB)
+        elif kv is None and (
+            abs(cache.gpu_memory_utilization - VLLM_DEFAULT_GPU_MEMORY_UTILIZATION) > 1e-9
+        ):
+            kv = 0  # a fraction of memory, sized by the worker: weights checked alone
+        try:
+            path = model.model if os.path.isdir(model.model) else None
+            facts = parallel_plan.model_facts(
+                path,
+                cfg=model.hf_config.to_dict(),
+                name=str(model.served_model_name or model.model).rstrip("/").split("/")[-1],
+                dtype=str(model.dtype),
+                quantization=model.quantization,
+                kv_cache_dtype=str(cache.cache_dtype),
+            )
+        except Exception as e:  # an unusual config: no plan, vLLM's own checks remain
+            (logger.info if tp * pp > 1 else logger.debug)(
+                "vllm-x86: no plan per rank for this model (%s); vLLM's own checks apply", e
+            )
+            _mark_chosen(mark)
+            return
+        auto_len = getattr(model, "original_max_model_len", None) == -1  # vLLM fits it
+        plan = parallel_plan.refuse(
+            facts,
+            tp,
+            pp,
+            max_model_len=-1 if auto_len else model.max_model_len,
+            kv_cache_bytes=kv,
+            local=_local_ranks(vllm_config) == tp * pp,
+        )  # a LayoutError leaves no mark: the same layout is refused again
+        _mark_chosen(mark)
+        if plan is not None and tp * pp > 1:
+            _info_once("layout", "vllm-x86: the plan per rank\n%s", plan.render())
 
     @classmethod
     def _warn_without_compiler(cls, vllm_config) -> None:
@@ -477,7 +535,13 @@ class X86Platform(CpuPlatform):
             )
             return
         per_token, max_len = _kv_bytes_per_token(vllm_config)
-        size, reason = choose_kv_cache_bytes(bytes_per_token=per_token, max_model_len=max_len)
+        ranks = _local_ranks(vllm_config)
+        if ranks > 1:  # kv_cache_memory_bytes is per rank: ranks on one memory share it
+            from vllm_x86.runtime.parallel_plan import rank_kv_cache_bytes
+
+            size, reason = rank_kv_cache_bytes(per_token, max_len, ranks)
+        else:
+            size, reason = choose_kv_cache_bytes(bytes_per_token=per_token, max_model_len=max_len)
         cache.kv_cache_memory_bytes = size
         os.environ[KV_CHOSEN_ENV] = str(size)
         _info_once("kv", "vllm-x86: KV cache %.2f GiB: %s", size / GiB, reason)

@@ -266,6 +266,160 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- ranks
+
+
+def _model_dir(arg: str | None) -> tuple[str, str]:
+    """(model directory, name to show) for doctor's --model, without downloading: the
+    default model or a catalog name must be pulled, a hub id in the local cache."""
+    from vllm_x86.tools.cli.common import CliError
+    from vllm_x86.tools.models.catalog import DEFAULT_MODEL, lookup
+    from vllm_x86.tools.models.pull import cached_path
+
+    if arg is not None and os.path.exists(os.path.expanduser(arg)):
+        path = os.path.expanduser(arg)
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise CliError(f"'{arg}' is not a model directory: it has no config.json")
+        return path, os.path.basename(os.path.abspath(path))
+    entry = lookup(arg or DEFAULT_MODEL)
+    if entry is not None:
+        found = cached_path(entry.name)
+        if found is None:
+            raise CliError(
+                f"{entry.name} is not pulled yet: run `vllm-x86 pull {entry.name}`, or give "
+                "--model a model directory"
+            )
+        return str(found), entry.name
+    from vllm_x86.tools.models.hub import HubCacheError, cached_snapshot
+
+    try:
+        return str(cached_snapshot(arg)), arg
+    except HubCacheError as e:
+        raise CliError(str(e)) from None
+
+
+def rank_plan(
+    model: str | None,
+    tp: int = 1,
+    pp: int = 1,
+    max_model_len: int | None = None,
+    quantization: str | None = None,
+    dtype: str | None = None,
+    kv_cache_bytes: int | None = None,
+):
+    """The plan per rank (runtime/parallel_plan.py) of a model for this machine; raises
+    LayoutError for a layout that cannot run, CliError for a model it cannot read."""
+    from vllm_x86.runtime import parallel_plan
+    from vllm_x86.tools.cli.common import CliError
+
+    path, name = _model_dir(model)
+    try:
+        facts = parallel_plan.model_facts(path, name=name, dtype=dtype, quantization=quantization)
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        raise CliError(f"cannot read the shape of {name} from its config.json: {e}") from None
+    return parallel_plan.refuse(
+        facts, tp, pp, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes
+    )
+
+
+def print_rank_plan(ns) -> int:
+    """`vllm-x86 doctor --tp N --pp M [--model ...]`: the plan, or the sentence that
+    says why the layout cannot run (exit status 1)."""
+    import json
+
+    from vllm_x86.runtime.parallel_plan import LayoutError
+
+    try:
+        plan = rank_plan(ns.model, ns.tp or 1, ns.pp or 1, ns.max_model_len, ns.quantization)
+    except LayoutError as e:
+        if ns.json:
+            print(json.dumps({"ok": False, "error": str(e)}, indent=2))
+        print(f"vllm-x86: this layout cannot run: {e}", file=sys.stderr)
+        return 1
+    if ns.json:
+        print(json.dumps({"ok": True, "plan": plan.to_dict() if plan else None}, indent=2))
+    elif plan is None:
+        print("the model splits this way; you chose the thread layout, so no plan per rank")
+    else:
+        print(plan.render())
+    return 0
+
+
+def _int_flag(args: list[str], *flags: str) -> int | None:
+    from vllm_x86.tools.cli.common import _flag_value
+
+    for flag in flags:
+        value = _flag_value(args, flag)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None  # vLLM's own parser says what is wrong with it
+    return None
+
+
+def _bytes_flag(value: str | None) -> int | None:
+    """--kv-cache-memory-bytes as vLLM reads it (a number, or with k/m/g/t: 1000s; with
+    K/M/G/T: 1024s), or None where it is not one of those."""
+    if not value:
+        return None
+    units = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "K": 1 << 10, "M": 1 << 20}
+    units |= {"G": 1 << 30, "T": 1 << 40}
+    try:
+        if value[-1] in units:
+            return int(float(value[:-1]) * units[value[-1]])
+        return int(float(value))
+    except ValueError:
+        return None
+
+
+def check_serve_layout(argv: list[str]) -> None:
+    """`vllm-x86 serve`: refuse a tensor / pipeline parallel layout that cannot run on
+    this machine (CliError with parallel_plan's sentence) before any process starts.
+    `argv` is the server's command line (common.serve_argv)."""
+    from vllm_x86.runtime import parallel_plan
+    from vllm_x86.runtime.hardware import GiB
+    from vllm_x86.tools.cli.common import CliError, _flag_value, _has_flag
+
+    args = argv[3:]
+    tp = _int_flag(args, "--tensor-parallel-size", "-tp") or 1
+    pp = _int_flag(args, "--pipeline-parallel-size", "-pp") or 1
+    dp = _int_flag(args, "--data-parallel-size", "-dp") or 1
+    path = _flag_value(args, "--model")
+    if path is None or not os.path.isfile(os.path.join(path, "config.json")):
+        return  # vLLM resolves it; the platform checks the layout there
+    kv = _bytes_flag(_flag_value(args, "--kv-cache-memory-bytes"))
+    if kv is None and os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        try:
+            kv = int(float(os.environ["VLLM_CPU_KVCACHE_SPACE"]) * GiB)
+        except ValueError:
+            pass
+    if kv is None and _has_flag(args, "--gpu-memory-utilization"):
+        kv = 0  # a fraction of memory, sized by the worker: the weights are checked alone
+    name = _flag_value(args, "--served-model-name") or os.path.basename(os.path.abspath(path))
+    try:
+        facts = parallel_plan.model_facts(
+            path,
+            name=name,
+            dtype=_flag_value(args, "--dtype"),
+            quantization=_flag_value(args, "--quantization"),
+            kv_cache_dtype=_flag_value(args, "--kv-cache-dtype"),
+        )
+    except (OSError, KeyError, TypeError, ValueError):
+        return  # an unusual config: the platform and vLLM check it
+    try:
+        parallel_plan.refuse(
+            facts,
+            tp,
+            pp,
+            max_model_len=_int_flag(args, "--max-model-len"),
+            kv_cache_bytes=kv,
+            local=dp == 1,
+        )
+    except parallel_plan.LayoutError as e:
+        raise CliError(str(e)) from None
+
+
 if __name__ == "__main__":  # pragma: no cover
     print(render(collect()))
     sys.exit(0)

@@ -41,6 +41,9 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
 
     passthrough, spec_note = speculative_args(passthrough, os.environ.get("VLLM_X86_SPECULATIVE"))
     argv, host, port = serve_argv(ns.model, passthrough)  # a bad model: its error alone
+    from vllm_x86.tools.cli.doctor import check_serve_layout
+
+    check_serve_layout(argv)  # a TP/PP layout that cannot run here: refused before any start
     print(spec_note, file=sys.stderr, flush=True)
     print(_mode_note(argv, passthrough), file=sys.stderr, flush=True)
     from vllm_x86.tools.daemon.cli import DaemonError, serve_with_daemon, warn_exposure
@@ -242,6 +245,10 @@ def _compile_after_pull(name: str, path) -> None:
 
 
 def cmd_doctor(ns: argparse.Namespace) -> int:
+    if ns.tp or ns.pp or ns.model or ns.max_model_len or ns.quantization:
+        from vllm_x86.tools.cli.doctor import print_rank_plan
+
+        return print_rank_plan(ns)  # the plan per rank alone (no vLLM import)
     from vllm_x86.tools.cli.doctor import collect, render
 
     report = collect()
@@ -481,9 +488,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="what this machine is and what the plugin will do",
         description="Print the CPU, its ISA flags, cores, NUMA nodes and "
         "memory; the threads and KV-cache size the plugin would choose; "
-        "versions; and whether vLLM will select the plugin, and why.",
+        "versions; and whether vLLM will select the plugin, and why. With --tp/--pp (or "
+        "--model) only the plan per rank for tensor / pipeline parallel, or the sentence "
+        "that says why that layout cannot run here (exit status 1).",
     )
     d.add_argument("--json", action="store_true", help="machine-readable output")
+    d.add_argument(
+        "--tp",
+        type=int,
+        metavar="N",
+        help="show the plan per rank for --tensor-parallel-size N instead (CPUs, NUMA "
+        "node, weights and KV cache of each rank), or why N cannot run here (exit status 1)",
+    )
+    d.add_argument(
+        "--pp", type=int, metavar="M", help="the plan for --pipeline-parallel-size M (as --tp)"
+    )
+    d.add_argument(
+        "--model",
+        metavar="NAME_OR_PATH",
+        help="the model of the plan: a directory, a pulled catalog name or a hub id in the "
+        "local Hugging Face cache (default: the default model, if pulled)",
+    )
+    d.add_argument("--max-model-len", type=int, metavar="TOKENS", help="the plan's context length")
+    d.add_argument(
+        "--quantization",
+        choices=("x86_int8", "x86_int4"),
+        help="the plan's weights as this load-time quantization leaves them",
+    )
 
     dm = sub.add_parser(
         "demo",
