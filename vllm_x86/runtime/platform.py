@@ -447,10 +447,18 @@ class X86Platform(CpuPlatform):
             return
         if os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") != "fork" and mode == "auto":
             return  # a spawned engine core gets no thread pinning from the plugin
+        if parallel.world_size_across_dp > 1:
+            _info_once(
+                "worker_in_engine",
+                "vllm-x86: %d ranks (tensor x pipeline x data parallel): each keeps its own "
+                "worker process, as in vLLM (the worker in the engine process is for one "
+                "worker)",
+                parallel.world_size_across_dp,
+            )
+            return
         if (
             backend_before != "uni"
             or parallel.distributed_executor_backend != "mp"
-            or parallel.world_size_across_dp > 1
             or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "1"
         ):
             return
@@ -464,9 +472,20 @@ class X86Platform(CpuPlatform):
     @classmethod
     def _apply_thread_layout(cls, vllm_config=None) -> None:
         chosen_here = os.environ.get(CHOSEN_ENV, "")
-        if "threads" in chosen_here.split(","):
-            return  # chosen (and logged) by the process that started this one
-        if _user_set("VLLM_CPU_OMP_THREADS_BIND") or _user_set("VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        bind_now = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
+        plugin_chose = "threads" in chosen_here.split(",")
+        if plugin_chose and (
+            vllm_config is None
+            or not bind_now
+            or bind_now.count("|") + 1 == _local_ranks(vllm_config)
+        ):
+            # chosen (and logged) by the process that started this one; a second engine
+            # of this process with another rank count (LLM(tp=1), then LLM(tp=2)) chooses
+            # again
+            return
+        if not plugin_chose and (
+            _user_set("VLLM_CPU_OMP_THREADS_BIND") or _user_set("VLLM_CPU_NUM_OF_RESERVED_CPU")
+        ):
             _info_once(
                 "threads",
                 "vllm-x86: thread layout from your settings "

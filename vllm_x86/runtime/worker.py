@@ -91,6 +91,8 @@ class X86Worker(CPUWorker):
         threads = torch.get_num_threads()
         super().init_device()
         _keep_threads_after_ngram(self.vllm_config, threads)
+        if self.parallel_config.world_size > 1:
+            logger.info("vllm-x86: %s", rank_report(self.rank, self.parallel_config))
 
     def load_model(self, *args, **kwargs) -> None:
         from vllm_x86.runtime.ops import registry
@@ -106,6 +108,12 @@ class X86Worker(CPUWorker):
 
         with set_current_vllm_config(self.vllm_config):
             registry.apply_module_overrides(self.model_runner.get_model())
+        if self.parallel_config.world_size > 1:
+            logger.info(
+                "vllm-x86: rank %d: %s",
+                self.rank,
+                plugin_modules_report(self.model_runner.get_model()),
+            )
 
     _staged: staged.StagedCompile | None = None
 
@@ -153,6 +161,7 @@ class X86Worker(CPUWorker):
                             "starts without compiling)"
                         )
                     self.model_runner.warming_up_model()
+        _pp_stage_buffers(self.model_runner)
         mem = hardware.memory_info(self._memory_node)
         explicit = self.cache_config.kv_cache_memory_bytes
         if explicit is not None:
@@ -332,3 +341,81 @@ def _short_warm_up(runner) -> None:
         else:
             runner._dummy_sampler_run(last_hidden_states)
     logger.info("Warming up done.")
+
+
+def _pp_stage_buffers(runner) -> None:
+    """A later pipeline stage receives the previous stage's hidden states into a
+    buffer, ``runner.intermediate_tensors``, that only vLLM's dummy run allocates. vLLM
+    CPU runs it in its warm-up, which it skips in eager mode (``warming_up_model``
+    returns at once for CompilationMode.NONE; with an explicit KV-cache size
+    ``_should_warm_up_model`` is False as well), so an eager ``--pipeline-parallel-size
+    2`` fails at the first request in the second stage ("assert
+    self.intermediate_tensors is not None" in sync_and_gather_intermediate_tensors;
+    stock vLLM 0.32.0 CPU too, with VLLM_PLUGINS= and VLLM_CPU_OMP_THREADS_BIND=0|1).
+    Here a stage after the first whose buffer is missing runs one dummy token of
+    vLLM's own dummy run, which allocates it (max_num_tokens rows) as on GPU; the
+    dummy run does not communicate between stages. Ledger: pp_stage_buffers."""
+    if runner.intermediate_tensors is not None:
+        return
+    from vllm.distributed.parallel_state import get_pp_group
+
+    if get_pp_group().is_first_rank:
+        return
+    from vllm.v1.worker.cpu_model_runner import _set_global_compilation_settings
+
+    with _set_global_compilation_settings(runner.vllm_config):
+        runner._dummy_run(1, is_profile=True)
+    logger.info(
+        "vllm-x86: pipeline stage %d: buffers for the previous stage's hidden states "
+        "allocated with a one-token dummy run (vLLM CPU's eager start skips it)",
+        get_pp_group().rank_in_group,
+    )
+
+
+def communicator_name(group) -> str:
+    """Which communicator vLLM's CPU group uses: the shared-memory one
+    (``_CPUSHMDistributed``, vLLM's C++ shm_allreduce and friends) or plain
+    torch.distributed over gloo (what vLLM falls back to when the ranks do not share a
+    shared-memory group name)."""
+    comm = getattr(group, "device_communicator", None)
+    module = getattr(comm, "dist_module", None)
+    if module is None:
+        return "none"
+    name = type(module).__name__
+    if name == "_CPUSHMDistributed":
+        return "shared memory (vLLM's _CPUSHMDistributed)"
+    return f"torch.distributed ({group.cpu_group.__class__.__name__}, gloo)"
+
+
+def rank_report(rank: int, parallel_config) -> str:
+    """One line per rank: its place, its CPUs and the communicator of each group."""
+    from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+    tp, pp = get_tp_group(), get_pp_group()
+    cpus = sorted(os.sched_getaffinity(0))
+    import torch
+
+    parts = [
+        f"rank {rank} of {parallel_config.world_size}: tensor-parallel rank "
+        f"{tp.rank_in_group} of {tp.world_size}, pipeline stage {pp.rank_in_group} of "
+        f"{pp.world_size}, {torch.get_num_threads()} OpenMP thread(s), main thread on CPUs {cpus}"
+    ]
+    for label, group in (("tensor parallel", tp), ("pipeline parallel", pp)):
+        if group.world_size > 1:
+            parts.append(f"{label} communicator: {communicator_name(group)}")
+    return "; ".join(parts)
+
+
+def plugin_modules_report(model) -> str:
+    """How many of the model's modules (and their quantization methods) are the op
+    table's or the plugin's quantization classes (its module path is vllm_x86's, or the
+    op table named it X86...)."""
+    counts: dict[str, int] = {}
+    for m in model.modules():
+        for cls in (type(m), type(getattr(m, "quant_method", None))):
+            if cls.__module__.startswith("vllm_x86") or cls.__name__.startswith("X86"):
+                counts[cls.__name__] = counts.get(cls.__name__, 0) + 1
+    if not counts:
+        return "no module runs the plugin's ops (op table off or kernels missing)"
+    listed = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
+    return f"the op table's classes in this rank's model: {listed}"

@@ -757,6 +757,40 @@ LEDGER: tuple[Patch, ...] = (
         ),
     ),
     Patch(
+        name="pp_stage_buffers",
+        kind="private use",
+        what="in a pipeline stage after the first whose intermediate_tensors buffer vLLM "
+        "did not allocate (eager start), the worker runs vLLM's private dummy run for "
+        "one token, which allocates it",
+        why="vLLM CPU skips its warm-up in eager mode (warming_up_model returns at once "
+        "for CompilationMode.NONE), the only place that allocates the buffer on CPU, so "
+        "eager --pipeline-parallel-size 2 failed at the first request (stock vLLM too)",
+        symbols=(
+            Symbol(
+                f"{_WORKER}.gpu_model_runner:GPUModelRunner.sync_and_gather_intermediate_tensors",
+                "self num_tokens intermediate_tensors sync_self",
+                contains=("assert self.intermediate_tensors is not None",),
+            ),
+            Symbol(
+                f"{_WORKER}.cpu_model_runner:CPUModelRunner.warming_up_model",
+                "self",
+                contains=("if self.vllm_config.compilation_config.mode == CompilationMode.NONE:",),
+            ),
+            Symbol(
+                f"{_WORKER}.gpu_model_runner:GPUModelRunner._dummy_run",
+                _DUMMY_RUN,
+                contains=("self.intermediate_tensors = (",),
+            ),
+            Symbol(f"{_WORKER}.cpu_model_runner:_set_global_compilation_settings", "config"),
+        ),
+        site=("vllm_x86.runtime.worker:_pp_stage_buffers",),
+        vllm_file="vllm/v1/worker/cpu_model_runner.py; vllm/v1/worker/gpu_model_runner.py",
+        written_against=_VLLM,
+        removed_by="vLLM CPU allocating the pipeline buffers in eager mode (a dummy run "
+        "or make_empty_intermediate_tensors in load_model or initialize_kv_cache)",
+        tests=("tests/e2e/test_parallel.py::test_pipeline_parallel_greedy_equals_one_stage",),
+    ),
+    Patch(
         name="compiled_model_cache_path",
         kind="private use",
         what="the worker computes where vLLM will load this model's AOT artifact with "

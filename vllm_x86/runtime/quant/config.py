@@ -186,6 +186,9 @@ class _X86QuantConfig(QuantizationConfig):
                 )
             return moe.X86QuantMoEMethod(self, layer.moe_config, prepacked=True)
         kernel = moe.expert_kernel(self.BITS, self.group_size)
+        refusal = moe.split_refusal(layer.moe_config, self.BITS, self.group_size, kernel)
+        if refusal is not None:  # tensor parallel: never a different quantization than TP=1
+            raise ValueError(refusal)
         problem = moe.moe_problem(layer.moe_config, self.BITS, self.group_size, kernel)
         if problem is not None:
             methods._warn_once(

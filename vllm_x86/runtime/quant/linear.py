@@ -19,11 +19,32 @@ from vllm_x86.runtime.quant.methods import (
     int4_matmul,
     int8_kernel,
     int8_matmul,
+    pack_int8_for,
     packed_shapes,
     plugin_kernels_available,
+    quantize_int8,
     quantize_pack,
     weight_kernel,
 )
+
+
+def _tp_size() -> int:
+    from vllm.distributed import get_tensor_model_parallel_world_size
+
+    return get_tensor_model_parallel_world_size()
+
+
+def _tp_max(t: torch.Tensor) -> torch.Tensor:
+    """The elementwise maximum of `t` over the tensor-parallel ranks (t itself at size
+    1), through the group's CPU process group (gloo; once per layer at load time)."""
+    if _tp_size() == 1:
+        return t
+    import torch.distributed as dist
+    from vllm.distributed.parallel_state import get_tp_group
+
+    t = t.contiguous()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=get_tp_group().cpu_group)
+    return t
 
 
 def _packed_param(layer: Module, name: str, shape, dtype, weight_loader, rows_per_entry=1):
@@ -109,6 +130,9 @@ class _X86QuantLinearMethod:
             )
         n, k = sum(output_partition_sizes), input_size_per_partition
         layer.x86_shape = (n, k)
+        layer.x86_k_split = k != input_size  # a row-parallel layer: K split over ranks
+        if not self.config.prepacked and (k != input_size or n != output_size):
+            self.check_split(n, k, output_size, input_size)
         problem = self.shape_problem(n, k)
         layer.x86_quantized = problem is None
         if problem is not None:
@@ -118,12 +142,29 @@ class _X86QuantLinearMethod:
         if self.config.prepacked and layer.x86_quantized:
             if input_size_per_partition != input_size or n != output_size:
                 raise ValueError(
-                    "prepacked x86 checkpoints run with tensor parallel size 1; serve the "
-                    "bf16 model with --quantization to split it"
+                    "prepacked x86 checkpoints run with tensor parallel size 1 (their "
+                    "packed blocks cannot be split over ranks); serve the bf16 model with "
+                    "--quantization to split it, or use --pipeline-parallel-size, which "
+                    "splits layers, not weights"
                 )
             self.create_prepacked(layer, n, k, extra_weight_attrs["weight_loader"])
         else:
             self._create_bf16(layer, k, n, params_dtype, dict(extra_weight_attrs))
+
+    def check_split(self, n: int, k: int, n_full: int, k_full: int) -> None:
+        """Tensor parallel: each rank quantizes its share [n, k] of the [n_full, k_full]
+        weight. Refuse (a ValueError naming what to change) where the share cannot be
+        quantized as the whole layer is at tensor parallel size 1, so that TP=N runs
+        the same quantized model as TP=1 and never leaves a layer in bf16 that TP=1
+        quantizes."""
+        whole, part = self.shape_problem(n_full, k_full), self.shape_problem(n, k)
+        if whole is None and part is not None:
+            raise ValueError(
+                f"{self.config.get_name()} with tensor parallel size {_tp_size()}: a "
+                f"{n_full}x{k_full} linear layer splits into {n}x{k} per rank, which "
+                f"cannot be quantized ({part}); it is at tensor parallel size 1. Use a "
+                "smaller --tensor-parallel-size (or --pipeline-parallel-size)."
+            )
 
     def process_weights_after_loading(self, layer: Module) -> None:
         if getattr(layer, "x86_done", False):
@@ -173,6 +214,14 @@ class X86Int8Linear(_X86QuantLinearMethod):
 
     def quantize_and_pack(self, layer, w):
         layer.x86_kernel = int8_kernel()
+        if getattr(layer, "x86_k_split", False):
+            # Row parallel: each rank holds part of every output channel's K, and the
+            # per-channel scale must be the whole row's, as at tensor parallel size 1
+            # (each rank's own maximum would quantize the model differently).
+            q, scale = quantize_int8(w, amax=_tp_max(w.float().abs().amax(dim=1)))
+            _set(layer, "weight", pack_int8_for(layer.x86_kernel, q))
+            _set(layer, "weight_scale", scale)
+            return
         for name, t in quantize_pack(8, layer.x86_kernel, w).items():
             _set(layer, name, t)
 
@@ -190,6 +239,24 @@ class X86Int4Linear(_X86QuantLinearMethod):
 
     def shape_problem(self, n, k):
         return scope.plan("linear", n, k, 4, self.config.group_size, kernel=self._kernel()).reason
+
+    def check_split(self, n, k, n_full, k_full):
+        super().check_split(n, k, n_full, k_full)
+        g = effective_group_size(k_full, self.config.group_size)
+        if g is not None and k != k_full and k % g:
+            fits = effective_group_size(k, self.config.group_size)
+            raise ValueError(
+                f"x86_int4 with tensor parallel size {_tp_size()}: a layer's {k_full} "
+                f"input channels split into {k} per rank, which its groups of {g} do not "
+                "divide (a group would straddle two ranks). "
+                + (
+                    f"Set VLLM_X86_QUANT_GROUP_SIZE={fits} (groups every rank's share "
+                    "holds, at every tensor parallel size) or use"
+                    if fits is not None
+                    else "Use"
+                )
+                + " a smaller --tensor-parallel-size (or --pipeline-parallel-size)."
+            )
 
     def _group(self, layer) -> int:
         n, k = layer.x86_shape

@@ -104,10 +104,16 @@ def _ops():
 # Pure functions of a [N, K] float weight; the tests' references use them too.
 
 
-def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-output-channel INT8: (q [N, K] int8, scale [N] float32)."""
+def quantize_int8(
+    w: torch.Tensor, amax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel INT8: (q [N, K] int8, scale [N] float32). `amax`:
+    each channel's largest |w| when `w` holds only part of the row (a row-parallel
+    rank's share; the whole row's maximum keeps the scale of tensor parallel size 1)."""
     wf = w.float()
-    scale = (wf.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+    if amax is None:
+        amax = wf.abs().amax(dim=1)
+    scale = (amax / 127.0).clamp_min(1e-12)
     q = torch.round(wf / scale[:, None]).clamp(-127, 127).to(torch.int8)
     return q, scale
 

@@ -96,6 +96,49 @@ def expert_shape_problem(
     return None
 
 
+def split_refusal(moe, bits: int, group_size: int, kernel: str) -> str | None:
+    """With tensor parallel (experts split along the intermediate size): why each
+    rank's share cannot be quantized as the whole experts are at tensor parallel size
+    1, as a sentence for a refusal; None where it can (or nothing is split)."""
+    tp = moe.moe_parallel_config.tp_size
+    if tp == 1 or moe.moe_parallel_config.use_ep:
+        return None
+    h, full, i = moe.hidden_dim, moe.intermediate_size, moe.intermediate_size_per_partition
+    what = (
+        f"{NAMES[bits]} with tensor parallel size {tp}: the MoE experts' {full} "
+        f"intermediate channels split into {i} per rank"
+    )
+    whole = expert_shape_problem(h, full, bits, group_size, kernel)
+    part = expert_shape_problem(h, i, bits, group_size, kernel)
+    if whole is None and part is not None:
+        return (
+            f"{what}, which cannot be quantized ({part}); they are at tensor parallel "
+            "size 1. Use a smaller --tensor-parallel-size (or --pipeline-parallel-size)."
+        )
+    g = expert_group(bits, full, group_size)
+    if whole is None and g is not None and i % g:
+        fits = expert_group(bits, i, group_size)
+        return (
+            f"{what}, which their groups of {g} do not divide (a group would straddle "
+            "two ranks). "
+            + (f"Set VLLM_X86_QUANT_GROUP_SIZE={fits} or use" if fits else "Use")
+            + " a smaller --tensor-parallel-size (or --pipeline-parallel-size)."
+        )
+    return None
+
+
+NAMES = {8: "x86_int8", 4: "x86_int4"}
+
+
+def _tp_size() -> int:
+    """The tensor-parallel group's size; the experts' split is over that group only
+    without data parallel (with it vLLM splits them over data x tensor ranks, and each
+    rank's down projection is quantized on its own)."""
+    from vllm_x86.runtime.quant.linear import _tp_size as size
+
+    return size()
+
+
 def expert_group(bits: int, k: int, group_size: int) -> int | None:
     """The INT4 group size of an expert weight with K input channels (None for INT8)."""
     return m.effective_group_size(k, group_size) if bits == 4 else None
@@ -267,6 +310,33 @@ class X86QuantMoEMethod(FusedMoEMethodBase):
                 layer.register_parameter(f"{which}_bias", b)
                 set_weight_attrs(b, attrs)
 
+    def _down_split(self) -> bool:
+        """Tensor parallel splits the experts' down projection over this rank's tensor
+        parallel group (not with data parallel, where the split spans the DP ranks too)."""
+        parallel = getattr(self.moe, "moe_parallel_config", None)
+        tp = getattr(parallel, "tp_size", 1)
+        return tp > 1 and not parallel.use_ep and tp == _tp_size()
+
+    def _split_down(self, w: torch.Tensor, group: int | None) -> list[dict]:
+        """Tensor parallel splits each expert's down projection along K (the
+        intermediate size): quantized as at tensor parallel size 1, as the linear
+        layers are (linear.py): INT8 with the whole row's scale (a max over the ranks);
+        INT4 as it is (split_refusal let it through: each rank's share holds whole
+        groups of the size the whole weight uses)."""
+        from vllm_x86.runtime.quant.linear import _tp_max
+
+        if self.bits == 4:  # groups that straddle ranks were refused (split_refusal)
+            return [
+                m.quantize_pack(4, self.kernel, w[x], group, self.config.zero_point)
+                for x in range(w.shape[0])
+            ]
+        amax = _tp_max(w.float().abs().amax(dim=2))  # [E, H]: each row's maximum, all ranks
+        out = []
+        for x in range(w.shape[0]):
+            q, scale = m.quantize_int8(w[x], amax=amax[x])
+            out.append({"weight": m.pack_int8_for(self.kernel, q), "weight_scale": scale})
+        return out
+
     def process_weights_after_loading(self, layer: Module) -> None:
         if getattr(layer, "x86_done", False):
             return
@@ -308,10 +378,13 @@ class X86QuantMoEMethod(FusedMoEMethodBase):
             group = expert_group(self.bits, k, self.config.group_size)
             if not self.prepacked:  # quantize and pack each expert's bf16 weight
                 w = getattr(layer, f"{which}_weight").data
-                packed = [
-                    m.quantize_pack(self.bits, self.kernel, w[x], group, self.config.zero_point)
-                    for x in range(e)
-                ]
+                if which == "w2" and self._down_split():
+                    packed = self._split_down(w, group)
+                else:
+                    packed = [
+                        m.quantize_pack(self.bits, self.kernel, w[x], group, self.config.zero_point)
+                        for x in range(e)
+                    ]
                 for name in packed[0]:
                     t = torch.stack([p[name] for p in packed])
                     setattr(layer, f"{which}_{name}", Parameter(t, requires_grad=False))
