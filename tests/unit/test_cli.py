@@ -177,3 +177,22 @@ def test_serve_chooses_eager_mode_without_a_cxx_compiler(tmp_path, monkeypatch, 
     monkeypatch.setenv("CXX", "/bin/true")  # a compiler: compiled mode as asked
     argv, _, _ = serve_argv(str(model), [])
     assert "--enforce-eager" not in argv
+
+
+def test_serve_runs_vllm_serve_for_the_launch_modes_its_server_module_ignores(tmp_path):
+    """vLLM's OpenAI server module parses --headless and --api-server-count and ignores
+    them; `serve` runs vLLM's `vllm serve` code for them (tools/cli/vllm_serve.py), and
+    `--headless --detach` is refused with a sentence."""
+    from vllm_x86.tools.cli.common import serve_argv
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    plain, _, _ = serve_argv(str(model), ["--enforce-eager"])
+    assert plain[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    for flags in (["--headless"], ["--api-server-count", "2"], ["--api-server-count=2"]):
+        argv, _, _ = serve_argv(str(model), ["--enforce-eager", *flags])
+        assert argv[1:3] == ["-m", "vllm_x86.tools.cli.vllm_serve"], flags
+        assert argv[-len(flags) :] == flags
+    p = cli("serve", str(model), "--headless", "--detach")
+    assert p.returncode != 0 and "use one of them" in p.stderr and "Traceback" not in p.stderr

@@ -74,7 +74,7 @@ def serve_argv(model: str | None, passthrough: list[str]) -> tuple[list[str], st
         # a hub id: the revision chose the snapshot, and vLLM gets that directory
         passthrough = _strip_flag(passthrough, "--revision")
     path, passthrough, served_name = _prepacked_instead(model, path, passthrough, served_name)
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path]
+    argv = [sys.executable, "-m", server_module(passthrough), "--model", path]
     host = _flag_value(passthrough, "--host")
     if host is None:
         host = DEFAULT_HOST
@@ -85,6 +85,22 @@ def serve_argv(model: str | None, passthrough: list[str]) -> tuple[list[str], st
     if _eager_without_compiler(passthrough):
         argv += ["--enforce-eager"]
     return argv + passthrough, host, port
+
+
+# Flags of vLLM's launch modes that its OpenAI server module ignores (vllm_serve.py)
+LAUNCH_MODE_FLAGS = ("--headless", "--api-server-count", "-asc")
+
+
+def server_module(passthrough: list[str]) -> str:
+    """The module `vllm-x86 serve` runs: vLLM's OpenAI server, or vllm_serve.py (vLLM's
+    `vllm serve`) for the launch modes the server module ignores."""
+    if _has_flag(passthrough, *LAUNCH_MODE_FLAGS):
+        return "vllm_x86.tools.cli.vllm_serve"
+    return "vllm.entrypoints.openai.api_server"
+
+
+def is_headless(argv: list[str]) -> bool:
+    return _has_flag(argv, "--headless")
 
 
 def _prepacked_instead(

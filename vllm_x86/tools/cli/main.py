@@ -15,7 +15,9 @@ from vllm_x86.tools.cli.common import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     CliError,
+    _flag_value,
     chat_once,
+    is_headless,
     resolve_serve_model,
     serve_argv,
 )
@@ -48,8 +50,15 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
     print(_mode_note(argv, passthrough), file=sys.stderr, flush=True)
     from vllm_x86.tools.daemon.cli import DaemonError, serve_with_daemon, warn_exposure
 
-    warn_exposure(argv[3:], host, port)  # before either start (tools/exposure.py's rule)
-    if not ns.no_daemon:
+    headless = is_headless(argv)
+    if headless and ns.detach:
+        raise CliError(
+            "--headless runs engines in this process for a head on another machine, and "
+            "--detach hands the model to a standby daemon: use one of them"
+        )
+    if not headless:
+        warn_exposure(argv[3:], host, port)  # before either start (tools/exposure.py's rule)
+    if not ns.no_daemon and not headless:
         try:
             code = serve_with_daemon(argv[3:], argv[argv.index("--model") + 1], ns.detach)
         except DaemonError as e:
@@ -64,18 +73,26 @@ def cmd_serve(ns: argparse.Namespace, passthrough: list[str]) -> int:
         )
     from vllm_x86.tools.ports import port_free, port_taken
 
-    if not port_free(port, host):
-        raise CliError(port_taken(host, port))
-    where = "this machine only" if host in ("127.0.0.1", "localhost", "::1") else "the network"
     what = argv[argv.index("--model") + 1]
     if "--served-model-name" in argv:  # a catalog name or hub id: the name, and from where
         what = f"{argv[argv.index('--served-model-name') + 1]} ({what})"
-    print(
-        f"vllm-x86: serving {what} on http://{host}:{port}/v1 "
-        f"({where}; {'use --host 0.0.0.0 to accept other machines' if where == 'this machine only' else 'mind who can reach it'})",
-        file=sys.stderr,
-        flush=True,
-    )
+    if headless:
+        head = _flag_value(argv, "--data-parallel-address") or "the head (--data-parallel-address)"
+        print(
+            f"vllm-x86: running {what} headless: engines without an API server, joining {head}",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        if not port_free(port, host):
+            raise CliError(port_taken(host, port))
+        where = "this machine only" if host in ("127.0.0.1", "localhost", "::1") else "the network"
+        print(
+            f"vllm-x86: serving {what} on http://{host}:{port}/v1 "
+            f"({where}; {'use --host 0.0.0.0 to accept other machines' if where == 'this machine only' else 'mind who can reach it'})",
+            file=sys.stderr,
+            flush=True,
+        )
     os.environ.setdefault("VLLM_X86_SERVE_DEFAULTS", "1")  # runtime/envs.py
     from vllm_x86.runtime.defaults import apply_layer_name_env, apply_omp_env
 
