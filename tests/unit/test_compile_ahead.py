@@ -158,3 +158,7 @@ def test_serve_says_which_mode_and_why(tmp_path, cache):
     assert _mode_note(argv, ["-O0"]) == (
         "vllm-x86: vLLM's compiled mode with the compilation settings you gave"
     )
+    # several ranks: no staged warm-up, each rank compiles before the server answers
+    for flags in (["--tensor-parallel-size", "2"], ["-pp", "2"]):
+        note = _mode_note(argv, flags)
+        assert "each of the 2 ranks compiles" in note and "background" not in note, note

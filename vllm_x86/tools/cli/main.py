@@ -228,6 +228,15 @@ def _mode_note(argv: list[str], passthrough: list[str]) -> str:
     if any(a.startswith("-O") for a in passthrough) or _has_flag(passthrough, *COMPILE_FLAGS):
         return "vllm-x86: vLLM's compiled mode with the compilation settings you gave"
 
+    from vllm_x86.tools.cli.common import _flag_value as value
+
+    ranks = int(value(passthrough, "--tensor-parallel-size") or value(passthrough, "-tp") or 1)
+    ranks *= int(value(passthrough, "--pipeline-parallel-size") or value(passthrough, "-pp") or 1)
+    if ranks > 1:  # staged warm-up is for one worker (startup/staged.py)
+        return (
+            f"vllm-x86: vLLM's compiled mode, {reason}; each of the {ranks} ranks compiles "
+            "(or loads its compiled model from the cache) before the server answers"
+        )
     model_dir = Path(argv[argv.index("--model") + 1])
     flags = [a for a in passthrough if a.startswith("-")]
     ahead = compiled_artifact(model_dir) if all(a in _KEY_NEUTRAL for a in flags) else None
