@@ -1,7 +1,7 @@
 """Serving across machines: one `vllm-x86 serve` per host behind vllm-router, with two
 hosts simulated on this machine (docs/distributed.md, "Across machines").
 
-Each host is a network namespace (tests/e2e/netns_hosts.py): a private veth link that
+Each host is a network namespace (vllm_x86/tools/bench/netns.py): a private veth link that
 exists only inside this machine, host A 10.29.N.1 and host B 10.29.N.2, nothing else
 reachable. A server of the default model runs in each (one core each, VLLM_X86_THREADS=1),
 bound to its host's address only; vLLM's router (`vllm-router`, PyPI) runs on host A and
@@ -32,7 +32,7 @@ import httpx
 import pytest
 
 from tests.conftest import PYTHON, clean_env
-from tests.e2e import netns_hosts
+from vllm_x86.tools.bench import netns
 
 pytestmark = pytest.mark.slow
 
@@ -49,16 +49,14 @@ class Cluster:
         self.model = model
         self.workdir = workdir
         self.procs: dict[str, subprocess.Popen] = {}
-        self.net = netns_hosts.TwoHosts()
+        self.net = netns.TwoHosts()
 
     def start(self) -> None:
         from vllm_x86.tools.ports import free_port
 
         self.a, self.b = self.net.hosts
         # threads that live in host A's namespace: the client's side of the network
-        self.pool = ThreadPoolExecutor(
-            8, initializer=netns_hosts.enter_netns, initargs=(self.a.netns,)
-        )
+        self.pool = ThreadPoolExecutor(8, initializer=netns.enter_netns, initargs=(self.a.netns,))
         port = free_port()  # a namespace has every port free; any number will do
         self.urls = {"a": f"http://{self.a.address}:{port}", "b": f"http://{self.b.address}:{port}"}
         cpus = sorted(os.sched_getaffinity(0))
@@ -134,9 +132,7 @@ class Cluster:
         """n completions through the entry point, 4 at a time; on_done(k) after the k-th."""
         done = 0
         results: list = [None] * n
-        with ThreadPoolExecutor(
-            4, initializer=netns_hosts.enter_netns, initargs=(self.a.netns,)
-        ) as ex:
+        with ThreadPoolExecutor(4, initializer=netns.enter_netns, initargs=(self.a.netns,)) as ex:
             futs = {ex.submit(self.complete, i): i for i in range(n)}
             for fut in futs:  # in submission order: roughly the order they finish
                 try:
@@ -189,7 +185,7 @@ def _complete_ok(resp) -> str | None:
 
 @pytest.fixture(scope="module")
 def cluster(default_model, tmp_path_factory):
-    why = netns_hosts.missing_capability()
+    why = netns.missing_capability()
     if why:
         pytest.skip(f"two simulated hosts: {why}")
     if not ROUTER.exists():
@@ -248,9 +244,7 @@ class DataParallelCluster(Cluster):
         from vllm_x86.tools.ports import free_port
 
         self.a, self.b = self.net.hosts
-        self.pool = ThreadPoolExecutor(
-            4, initializer=netns_hosts.enter_netns, initargs=(self.a.netns,)
-        )
+        self.pool = ThreadPoolExecutor(4, initializer=netns.enter_netns, initargs=(self.a.netns,))
         port, rpc = free_port(), free_port()
         self.urls = {"head": f"http://{self.a.address}:{port}"}
         self.entry = self.urls["head"]
@@ -295,7 +289,7 @@ class DataParallelCluster(Cluster):
 
 @pytest.fixture(scope="module")
 def dp_cluster(default_model, tmp_path_factory):
-    why = netns_hosts.missing_capability()
+    why = netns.missing_capability()
     if why:
         pytest.skip(f"two simulated hosts: {why}")
     c = DataParallelCluster(default_model.name, tmp_path_factory.mktemp("multihost-dp"))

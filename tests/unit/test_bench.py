@@ -545,3 +545,21 @@ def test_bench_llamacpp_missing_fails_clearly(monkeypatch, capsys):
     assert cli.main(["bench", "--contenders", "stock,llamacpp"]) == 1
     err = capsys.readouterr().err
     assert "vllm-x86: error: the llamacpp contender needs llama-cpp-python" in err
+
+
+def test_replicas_summary_pairs_each_round():
+    """bench/replicas.py: per concurrency the median/min/max of each contender and the
+    ratio of the round's two figures (replicas over one server), round by round."""
+    from vllm_x86.tools.bench.replicas import CONTENDERS, summarize
+
+    one, two = CONTENDERS
+    samples = [
+        {"round": r, "concurrency": c, "contender": n, "tok_s": v, "failed": 0, "load1_before": 0}
+        for r, c, n, v in [
+            (1, 32, one, 100.0), (1, 32, two, 90.0), (2, 32, one, 200.0), (2, 32, two, 220.0),
+        ]
+    ]  # fmt: skip
+    out = summarize("m", [32], 2, 32, samples)
+    row = out["output_tok_s"]["32"]
+    assert row[one] == {"median": 150.0, "min": 100.0, "max": 200.0}
+    assert row["ratio"] == {"median": 1.0, "min": 0.9, "max": 1.1}

@@ -212,6 +212,20 @@ CONTENDERS: dict[str, Contender] = {
             args=("--quantization", "x86_int4"),
         ),
         Contender(
+            "plugin-tp2",
+            "plugin-server",
+            "vllm-x86 with two tensor-parallel ranks (`--tensor-parallel-size 2`): each "
+            "rank on its own cores, vLLM's CPU communicator between them",
+            args=("--tensor-parallel-size", "2"),
+        ),
+        Contender(
+            "plugin-pp2",
+            "plugin-server",
+            "vllm-x86 with two pipeline-parallel ranks (`--pipeline-parallel-size 2`): each "
+            "rank on its own cores with half of the layers",
+            args=("--pipeline-parallel-size", "2"),
+        ),
+        Contender(
             "llamacpp",
             "llamacpp",
             "llama.cpp through llama-cpp-python (Llama API in a fresh process, one thread per "

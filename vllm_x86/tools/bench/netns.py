@@ -1,4 +1,5 @@
-"""Two simulated hosts on this machine, for tests/e2e/test_multihost.py.
+"""Two simulated hosts on this machine, for tests/e2e/test_multihost.py and the
+replicas benchmark (bench/replicas.py).
 
 Two network namespaces joined by a veth pair on a private link that exists only inside
 this machine (10.29.N.1/24 and 10.29.N.2/24, N from the pid): each namespace has its own
