@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import shutil
 import subprocess
@@ -54,9 +55,12 @@ class Host:
         return subprocess.Popen(["ip", "netns", "exec", self.netns, *argv], **kw)
 
 
+_made = itertools.count()
+
+
 class TwoHosts:
     def __init__(self, tag: str | None = None):
-        tag = tag or str(os.getpid())
+        tag = tag or f"{os.getpid()}{next(_made)}"  # unique: one process may make several
         subnet = 1 + int(tag) % 250 if tag.isdigit() else 29
         self.names = (f"vx86a-{tag}", f"vx86b-{tag}")
         self.veth = (f"vx{tag[-8:]}a", f"vx{tag[-8:]}b")  # interface names: 15 chars max
