@@ -39,9 +39,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vllm_x86.runtime import defaults, hardware
+from vllm_x86.runtime import defaults, envs, hardware
 from vllm_x86.runtime.defaults import LayoutError
 from vllm_x86.runtime.hardware import GiB
+from vllm_x86.runtime.quant.groups import effective_group_size
 
 __all__ = [
     "LayoutError",
@@ -93,6 +94,8 @@ class ModelFacts:
     quantization: str | None = None  # the plugin's load-time quantization, if given
     checkpoint_quantized: bool = False  # a quantization_config in config.json (GPTQ, AWQ, ...)
     weight_itemsize: int = 2  # bytes per weight of the dtype the model runs in
+    prepacked: str | None = None  # x86_int8 / x86_int4: a `vllm-x86 quantize` checkpoint
+    int4_group_size: int | None = None  # x86_int4 while loading: the configured group size
 
     @property
     def weight_bytes(self) -> int:
@@ -177,6 +180,10 @@ def model_facts(
         or any(k in text for k in ("mamba_d_state", "ssm_state_size", "linear_num_key_heads"))
     )
     prequantized = "quantization_config" in cfg or "quantization_config" in text
+    qcfg = cfg.get("quantization_config") or text.get("quantization_config") or {}
+    prepacked = (
+        qcfg.get("quant_method") if qcfg.get("quant_method") in ("x86_int8", "x86_int4") else None
+    )
     quant = quantization if quantization in _QUANT_BYTES_PER_WEIGHT and not prequantized else None
 
     embed = head = other = 0
@@ -233,7 +240,16 @@ def model_facts(
         quantization=quant,
         checkpoint_quantized=prequantized,
         weight_itemsize=_DTYPE_ITEMSIZE.get(run_dtype, 2),
+        prepacked=prepacked,
+        int4_group_size=_int4_group_size() if quant == "x86_int4" else None,
     )
+
+
+def _int4_group_size() -> int | None:
+    try:
+        return int(envs.get("VLLM_X86_QUANT_GROUP_SIZE"))
+    except ValueError:  # the quantization config says what is wrong with it
+        return None
 
 
 # ----------------------------------------------------------------------------- rules
@@ -254,6 +270,37 @@ def _tp_problem(facts: ModelFacts, tp: int) -> str | None:
             f"has an MLP of {facts.intermediate_size} channels: --tensor-parallel-size {tp} "
             "does not divide them"
         )
+    if tp > 1 and facts.prepacked:
+        return (
+            f"is a prepacked {facts.prepacked} checkpoint (`vllm-x86 quantize`), whose packed "
+            "blocks cannot be split over tensor-parallel ranks"
+        )
+    return _int4_split_problem(facts, tp)
+
+
+def _int4_split_problem(facts: ModelFacts, tp: int) -> str | None:
+    """x86_int4 while loading splits the row-parallel layers' input channels (attention
+    output, MLP down projection) over the TP ranks; each rank's share must hold whole
+    groups of the size the layer uses at one rank (quant/linear.py refuses it in the
+    worker otherwise)."""
+    gs = facts.int4_group_size
+    if tp == 1 or not gs:
+        return None
+    for what, k in (
+        ("attention output", facts.attention_heads * facts.head_dim),
+        ("MLP down projection", facts.intermediate_size),
+    ):
+        if not k or k % tp:
+            continue
+        g = effective_group_size(k, gs)
+        if g and (k // tp) % g:
+            fits = effective_group_size(k // tp, gs)
+            hint = f" (VLLM_X86_QUANT_GROUP_SIZE={fits} would)" if fits else ""
+            return (
+                f"with --quantization x86_int4 quantizes its {what}'s {k} input channels in "
+                f"groups of {g}: --tensor-parallel-size {tp} leaves {k // tp} per rank, which "
+                f"the groups do not divide{hint}"
+            )
     return None
 
 

@@ -52,6 +52,7 @@ from vllm_x86.runtime.ops.registry import (  # noqa: F401  (re-exported)
     quant_isa,
     weight_kernel,
 )
+from vllm_x86.runtime.quant.groups import effective_group_size  # noqa: F401  (re-exported)
 
 logger = get_logger("quant")
 
@@ -350,17 +351,6 @@ def int8_shape_problem(n: int, k: int, kernel: str = "w8a16") -> str | None:
             return f"vLLM's AMX INT8 kernel needs N and K multiples of 32 (N={n}, K={k})"
     elif k % 64 or n % 16:
         return f"the plugin's INT8 kernel needs N a multiple of 16 and K of 64 (N={n}, K={k})"
-    return None
-
-
-def effective_group_size(k: int, group_size: int) -> int | None:
-    """The group size a layer with K input channels uses: the configured one if it
-    divides K, else the largest of 64 and 32 below it that does (SmolLM2's K = 576 is
-    not a multiple of 128). Deterministic, so a prepacked checkpoint loads with the
-    groups it was written with."""
-    for g in (group_size, 64, 32):
-        if g <= group_size and k % g == 0:
-            return g
     return None
 
 
