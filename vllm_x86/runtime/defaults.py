@@ -37,15 +37,8 @@ def choose_threads(cpu: hardware.CpuInfo | None = None, ranks: int = 1) -> tuple
     node = cpu.numa_nodes[0]
     node_cores = [c for c in cpu.core_cpus if c in cpu.cpus_by_node.get(node, [])]
     node_cores = node_cores or cpu.core_cpus or cpu.logical_cpus
-    if wanted not in ("", "auto"):
-        try:
-            n = int(wanted)
-        except ValueError:
-            raise ValueError(
-                f"VLLM_X86_THREADS must be 'auto' or a positive number, not {wanted!r}"
-            ) from None
-        if n < 1:
-            raise ValueError("VLLM_X86_THREADS must be at least 1")
+    n = _threads_setting(wanted)
+    if n is not None:
         chosen = node_cores[: min(n, len(node_cores))]
         return _cpu_list(chosen), (
             f"VLLM_X86_THREADS={n}: {len(chosen)} compute thread(s) on CPUs {_cpu_list(chosen)}"
@@ -59,6 +52,21 @@ def choose_threads(cpu: hardware.CpuInfo | None = None, ranks: int = 1) -> tuple
         f"{cpu.physical_cores} cores on {len(cpu.numa_nodes)} NUMA node(s): vLLM's "
         "layout (a thread per physical core, one core per worker kept for the engine loop)"
     )
+
+
+def _threads_setting(wanted: str) -> int | None:
+    """VLLM_X86_THREADS as a number of threads, None for 'auto'."""
+    if wanted in ("", "auto"):
+        return None
+    try:
+        n = int(wanted)
+    except ValueError:
+        raise ValueError(
+            f"VLLM_X86_THREADS must be 'auto' or a positive number, not {wanted!r}"
+        ) from None
+    if n < 1:
+        raise ValueError("VLLM_X86_THREADS must be at least 1")
+    return n
 
 
 class LayoutError(ValueError):
@@ -121,16 +129,7 @@ def _rank_layout(cpu: hardware.CpuInfo, ranks: int, wanted: str) -> tuple[str, s
     SMALL_MACHINE_CORES cores leave their last core to the engine loop and the
     communicator's threads, as vLLM's layout does; smaller ones use every core."""
     parts = rank_cpus(cpu, ranks)
-    limit = None
-    if wanted not in ("", "auto"):
-        try:
-            limit = int(wanted)
-        except ValueError:
-            raise ValueError(
-                f"VLLM_X86_THREADS must be 'auto' or a positive number, not {wanted!r}"
-            ) from None
-        if limit < 1:
-            raise ValueError("VLLM_X86_THREADS must be at least 1")
+    limit = _threads_setting(wanted)
     chosen = []
     for part in parts:
         if limit is not None:

@@ -110,7 +110,7 @@ def _text_config(cfg: dict) -> dict:
     return cfg.get("text_config") or cfg.get("llm_config") or cfg
 
 
-def _safetensors_tensors(model_dir: Path) -> dict[str, tuple[str, list[int], int]] | None:
+def safetensors_tensors(model_dir: Path) -> dict[str, tuple[str, list[int], int]] | None:
     """name -> (dtype, shape, bytes) from the headers of the directory's safetensors
     files, or None when it has none (or one cannot be read)."""
     files = sorted(model_dir.glob("*.safetensors"))
@@ -188,7 +188,7 @@ def model_facts(
 
     embed = head = other = 0
     per_layer = [0] * layers
-    tensors = _safetensors_tensors(path) if path is not None else None
+    tensors = safetensors_tensors(path) if path is not None else None
     if tensors is not None:
         source = f"safetensors headers ({len(list(path.glob('*.safetensors')))} file(s))"
         for tname, (tdtype, shape, nbytes) in tensors.items():

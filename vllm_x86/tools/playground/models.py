@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,27 +127,15 @@ def weights_bytes(path: Path) -> int:
 
 
 def _safetensors_params(path: Path) -> int | None:
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
+    """Parameters counted from the safetensors headers (the plan per rank's reader)."""
+    from math import prod
+
+    from vllm_x86.runtime.parallel_plan import safetensors_tensors
+
+    tensors = safetensors_tensors(path)
+    if tensors is None:
         return None
-    total = 0
-    for f in files:
-        try:
-            with open(f, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                if n > 100 << 20:
-                    return None
-                header = json.loads(fh.read(n))
-        except (OSError, ValueError, struct.error):
-            return None
-        for name, t in header.items():
-            if name == "__metadata__" or not isinstance(t, dict):
-                continue
-            count = 1
-            for d in t.get("shape", []):
-                count *= int(d)
-            total += count
-    return total or None
+    return sum(prod(shape) for _, shape, _ in tensors.values()) or None
 
 
 def _config_params(cfg: dict) -> int | None:
