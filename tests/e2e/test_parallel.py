@@ -5,6 +5,8 @@ cores and runs its ops in each. Greedy output is compared with one rank:
 
 - pipeline parallel: the default model, bf16, eager, PP=2 == PP=1; and a prepacked
   INT8 checkpoint (`vllm-x86 quantize` of the bench's tiny Llama), PP=2 == PP=1;
+- tensor parallel of prepacked checkpoints (the same model in INT8, and in INT4 with the
+  LM head in INT8): each rank loads its share of the packed tensors, TP=2 == TP=1;
 - tensor parallel on the conformance suite's tiny random Llama (4 heads, 2 KV heads:
   they split over 2 ranks): fp32 TP=2 == TP=1 exactly; bf16 TP=2 against transformers
   by the conformance suite's own rule (conformance.judge: near ties allowed);
@@ -84,7 +86,20 @@ def prepacked(tiny_llama, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(tiny, default_model, tiny_llama, serve_prompt, prepacked):
+def prepacked4(tiny_llama, tmp_path_factory):
+    """The tiny Llama as `vllm-x86 quantize --bits 4 --method rtn --lm-head int8` writes it
+    (prepacked INT4, groups of 128, the LM head quantized to INT8 while loading)."""
+    out = tmp_path_factory.mktemp("prepacked") / "tiny-llama-int4"
+    subprocess.run(
+        [PYTHON, "-m", "vllm_x86.tools.cli", "quantize", str(tiny_llama), str(out),
+         "--bits", "4", "--method", "rtn", "--lm-head", "int8", "--no-compile"],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tiny, default_model, tiny_llama, serve_prompt, prepacked, prepacked4):
     from transformers import AutoTokenizer
 
     for prep in tiny.values():
@@ -104,15 +119,17 @@ def runs(tiny, default_model, tiny_llama, serve_prompt, prepacked):
             "engine_args": {"pipeline_parallel_size": pp} if pp > 1 else {},
         }
 
-    def packed(pp: int) -> dict:
+    def packed(pp: int = 1, tp: int = 1, bits: int = 8) -> dict:
+        args = {"pipeline_parallel_size": pp} if pp > 1 else {}
+        args |= {"tensor_parallel_size": tp} if tp > 1 else {}
         return {
-            "id": f"prepacked:pp{pp}",
-            "model": str(prepacked),
+            "id": f"prepacked{bits}:pp{pp}:tp{tp}",
+            "model": str(prepacked if bits == 8 else prepacked4),
             "dtype": "bfloat16",
             "eager": True,
             "prompt": serve_prompt,
             "max_tokens": SERVE_TOKENS,
-            "engine_args": {"pipeline_parallel_size": pp} if pp > 1 else {},
+            "engine_args": args,
         }
 
     llama, moe = tiny["llama"], tiny["moe"]
@@ -132,9 +149,12 @@ def runs(tiny, default_model, tiny_llama, serve_prompt, prepacked):
         _job(moe, "fp32-eager"),
         _job(llama, "int8-eager"),
         _job(llama, "int4-eager"),
-        packed(1),
+        packed(),
+        packed(bits=4),
         default(2),
-        packed(2),
+        packed(pp=2),
+        packed(tp=2),
+        packed(tp=2, bits=4),
         _job(llama, "fp32-eager", 2),
         _job(llama, "bf16-eager", 2),
         _job(moe, "fp32-eager", 2),
@@ -159,11 +179,19 @@ def test_pipeline_parallel_greedy_equals_one_stage(runs):
 
 
 def test_pipeline_parallel_runs_a_prepacked_checkpoint(runs):
-    # tensor parallel refuses it (tests/unit/test_parallel_quant.py): packed blocks do
-    # not split; pipeline stages load whole layers
-    one = _tokens(runs, "prepacked:pp1")
+    one = _tokens(runs, "prepacked8:pp1:tp1")
     assert len(one) == SERVE_TOKENS
-    assert _tokens(runs, "prepacked:pp2") == one
+    assert _tokens(runs, "prepacked8:pp2:tp1") == one
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_tensor_parallel_splits_a_prepacked_checkpoint(runs, bits):
+    """Each rank loads its share of the packed tensors (a block range of each row for
+    the row-parallel layers, tests/unit/test_parallel_quant.py): the tokens of one rank.
+    INT4 with the LM head quantized to INT8 while loading, split by vocabulary."""
+    one = _tokens(runs, f"prepacked{bits}:pp1:tp1")
+    assert len(one) == SERVE_TOKENS
+    assert _tokens(runs, f"prepacked{bits}:pp1:tp2") == one
 
 
 @pytest.mark.parametrize("model", ["llama", "moe"])

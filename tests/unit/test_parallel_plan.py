@@ -118,27 +118,28 @@ def test_kv_heads_follow_vllms_rule():
     assert parallel_plan.valid_tp_sizes(two_kv, 8) == [1, 2, 4, 8]
 
 
-def test_prepacked_checkpoints_and_int4_groups_that_straddle_ranks_are_refused(monkeypatch):
+def test_int4_groups_that_a_ranks_share_would_cut_are_refused(monkeypatch):
     """What the worker would refuse at load (quant/linear.py), the plan refuses before
-    anything starts: a prepacked checkpoint split over TP ranks, and x86_int4 groups that
-    a rank's share of a row-parallel layer's input channels would cut."""
+    anything starts: x86_int4 groups, while loading or in a prepacked checkpoint, that a
+    rank's share of a row-parallel layer's input channels would cut."""
     tiny = {**LLAMA_8B, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
             "hidden_size": 128, "intermediate_size": 512}  # fmt: skip
-    prepacked = {**tiny, "quantization_config": {"quant_method": "x86_int4", "prepacked": True}}
-    with pytest.raises(LayoutError) as e:
-        parallel_plan.plan(facts(prepacked), tp=2, cpu=cpu(2), memory=machine_memory(20))
-    assert "is a prepacked x86_int4 checkpoint" in str(e.value)
-    assert "use --pipeline-parallel-size 2, or a tensor parallel size of 1" in str(e.value)
-    parallel_plan.plan(facts(prepacked), pp=2, cpu=cpu(2), memory=machine_memory(20))
     monkeypatch.setenv("VLLM_X86_QUANT_GROUP_SIZE", "128")
     int4 = parallel_plan.model_facts(cfg=tiny, name="tiny", quantization="x86_int4")
     with pytest.raises(LayoutError) as e:  # o_proj: K = 4 x 32 = 128, 64 per rank
         parallel_plan.plan(int4, tp=2, cpu=cpu(2), memory=machine_memory(20))
     assert "attention output's 128 input channels in groups of 128" in str(e.value)
     assert "VLLM_X86_QUANT_GROUP_SIZE=64 would" in str(e.value)
+    assert "use --pipeline-parallel-size 2, or a tensor parallel size of 1" in str(e.value)
     monkeypatch.setenv("VLLM_X86_QUANT_GROUP_SIZE", "64")
     int4 = parallel_plan.model_facts(cfg=tiny, name="tiny", quantization="x86_int4")
     assert parallel_plan.plan(int4, tp=2, cpu=cpu(2), memory=machine_memory(20)).tp == 2
+    # a prepacked checkpoint: its own group size, whatever the environment says
+    packed = {**tiny, "quantization_config": {"quant_method": "x86_int4", "group_size": 128}}
+    with pytest.raises(LayoutError, match="in groups of 128: --tensor-parallel-size 2"):
+        parallel_plan.plan(facts(packed), tp=2, cpu=cpu(2), memory=machine_memory(20))
+    packed["quantization_config"]["group_size"] = 64
+    assert parallel_plan.plan(facts(packed), tp=2, cpu=cpu(2), memory=machine_memory(20)).tp == 2
 
 
 def test_more_pipeline_ranks_than_layers_is_refused():

@@ -79,10 +79,33 @@ def test_a_share_that_cannot_be_quantized_is_refused(monkeypatch):
         _create(_method(8, monkeypatch, tp=4), 128, 16, 128, 64)
 
 
-def test_prepacked_checkpoints_refuse_tensor_parallel(monkeypatch):
+def test_prepacked_rows_split_by_their_input_channels(monkeypatch):
+    """A row-parallel rank of a prepacked checkpoint loads a contiguous range of each
+    packed row (dimension 1, RowParallelLinear's input_dim), and that range is exactly
+    the packing of its share of K; the per-channel INT8 scale stays whole."""
+    from vllm_x86.runtime.quant.methods import pack_int4_w4a16, pack_int8_w8a16, quantize_int4
+
+    layer = _create(
+        _method(8, monkeypatch, prepacked=True, layout="vllm-x86-int8-w8a16-amx-1"),
+        32, 128, 32, 256,
+    )  # fmt: skip
+    assert layer.weight.input_dim == 1 and not hasattr(layer.weight_scale, "input_dim")
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(-127, 128, (32, 256), generator=g, dtype=torch.int8)
+    whole, share = pack_int8_w8a16(q), pack_int8_w8a16(q[:, 128:])
+    size = layer.weight.shape[1]
+    assert torch.equal(whole.narrow(1, 1 * size, size), share)  # rank 1 of 2
+    codes, scale, zero = quantize_int4(torch.randn(32, 256, generator=g), 64, True)
+    whole = pack_int4_w4a16(codes, scale, zero)
+    share = pack_int4_w4a16(codes[:, 128:], scale[2:], zero[2:])
+    for a, b in zip(whole, share):
+        assert torch.equal(a.narrow(1, b.shape[1], b.shape[1]), b)
+
+
+def test_prepacked_shares_that_cut_a_block_are_refused(monkeypatch):
     method = _method(8, monkeypatch, prepacked=True, layout="vllm-x86-int8-w8a16-amx-1")
-    with pytest.raises(ValueError, match="tensor parallel size 1.*--pipeline-parallel-size"):
-        _create(method, 128, 64, 128, 128)
+    with pytest.raises(ValueError, match="splits into 128x32 per rank, which cannot be"):
+        _create(method, 128, 32, 128, 64)
 
 
 def _moe(h, i_full, tp):

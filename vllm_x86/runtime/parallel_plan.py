@@ -241,7 +241,11 @@ def model_facts(
         checkpoint_quantized=prequantized,
         weight_itemsize=_DTYPE_ITEMSIZE.get(run_dtype, 2),
         prepacked=prepacked,
-        int4_group_size=_int4_group_size() if quant == "x86_int4" else None,
+        int4_group_size=(
+            _int4_group_size()
+            if quant == "x86_int4"
+            else (int(qcfg.get("group_size") or 128) if prepacked == "x86_int4" else None)
+        ),
     )
 
 
@@ -270,19 +274,14 @@ def _tp_problem(facts: ModelFacts, tp: int) -> str | None:
             f"has an MLP of {facts.intermediate_size} channels: --tensor-parallel-size {tp} "
             "does not divide them"
         )
-    if tp > 1 and facts.prepacked:
-        return (
-            f"is a prepacked {facts.prepacked} checkpoint (`vllm-x86 quantize`), whose packed "
-            "blocks cannot be split over tensor-parallel ranks"
-        )
     return _int4_split_problem(facts, tp)
 
 
 def _int4_split_problem(facts: ModelFacts, tp: int) -> str | None:
-    """x86_int4 while loading splits the row-parallel layers' input channels (attention
-    output, MLP down projection) over the TP ranks; each rank's share must hold whole
-    groups of the size the layer uses at one rank (quant/linear.py refuses it in the
-    worker otherwise)."""
+    """x86_int4 (while loading, or a prepacked checkpoint) splits the row-parallel layers'
+    input channels (attention output, MLP down projection) over the TP ranks; each
+    rank's share must hold whole groups of the size the layer uses at one rank
+    (quant/linear.py refuses it in the worker otherwise)."""
     gs = facts.int4_group_size
     if tp == 1 or not gs:
         return None
@@ -297,7 +296,7 @@ def _int4_split_problem(facts: ModelFacts, tp: int) -> str | None:
             fits = effective_group_size(k // tp, gs)
             hint = f" (VLLM_X86_QUANT_GROUP_SIZE={fits} would)" if fits else ""
             return (
-                f"with --quantization x86_int4 quantizes its {what}'s {k} input channels in "
+                f"in x86_int4 quantizes its {what}'s {k} input channels in "
                 f"groups of {g}: --tensor-parallel-size {tp} leaves {k // tp} per rank, which "
                 f"the groups do not divide{hint}"
             )

@@ -50,6 +50,14 @@ def _tp_max(t: torch.Tensor) -> torch.Tensor:
 def _packed_param(layer: Module, name: str, shape, dtype, weight_loader, rows_per_entry=1):
     """A parameter for a prepacked tensor, loaded by the layer's own weight loader.
 
+    Tensor parallel: a column-parallel layer's rank takes its output channels, whole
+    blocks of them (above). A row-parallel layer's rank takes part of every channel's
+    input channels K: every packed layout orders each block row by K first (blocks of 64
+    inputs, or groups), so the rank's share is a contiguous range of dimension 1, the
+    rank's index times its size, which is what vLLM's RowParallelLinear loader narrows
+    to given `input_dim` 1; a per-channel INT8 scale (one dimension) is the whole row's,
+    as at one rank. check_split has refused shares that cut a block or a group.
+
     Prepacked checkpoints keep the checkpoint's unfused names (q_proj, k_proj, ...),
     each tensor packed on its own. Packing works on blocks of whole output channels (16
     for INT8, 32 for INT4) and packing a concatenation equals concatenating the packed
@@ -61,6 +69,8 @@ def _packed_param(layer: Module, name: str, shape, dtype, weight_loader, rows_pe
 
     p = Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
     attrs = {"output_dim": 0, "weight_loader": _checked(weight_loader, dtype)}
+    if getattr(layer, "x86_k_split", False) and len(shape) > 1:
+        attrs["input_dim"] = 1
     if rows_per_entry > 1:
         attrs.update(packed_dim=0, packed_factor=rows_per_entry)
     set_weight_attrs(p, attrs)
@@ -131,7 +141,7 @@ class _X86QuantLinearMethod:
         n, k = sum(output_partition_sizes), input_size_per_partition
         layer.x86_shape = (n, k)
         layer.x86_k_split = k != input_size  # a row-parallel layer: K split over ranks
-        if not self.config.prepacked and (k != input_size or n != output_size):
+        if k != input_size or n != output_size:
             self.check_split(n, k, output_size, input_size)
         problem = self.shape_problem(n, k)
         layer.x86_quantized = problem is None
@@ -140,13 +150,6 @@ class _X86QuantLinearMethod:
                 f"shape{n}x{k}", "vllm-x86: a %dx%d linear layer stays in bf16: %s", n, k, problem
             )
         if self.config.prepacked and layer.x86_quantized:
-            if input_size_per_partition != input_size or n != output_size:
-                raise ValueError(
-                    "prepacked x86 checkpoints run with tensor parallel size 1 (their "
-                    "packed blocks cannot be split over ranks); serve the bf16 model with "
-                    "--quantization to split it, or use --pipeline-parallel-size, which "
-                    "splits layers, not weights"
-                )
             self.create_prepacked(layer, n, k, extra_weight_attrs["weight_loader"])
         else:
             self._create_bf16(layer, k, n, params_dtype, dict(extra_weight_attrs))
