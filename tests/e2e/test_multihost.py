@@ -33,6 +33,7 @@ import pytest
 
 from tests.conftest import PYTHON, clean_env
 from vllm_x86.tools.bench import netns
+from vllm_x86.tools.bench.server import stop_group
 
 pytestmark = pytest.mark.slow
 
@@ -155,17 +156,7 @@ class Cluster:
 
     def close(self) -> None:
         for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # anything of the group left behind
-            except ProcessLookupError:
-                pass
+            stop_group(proc)  # SIGINT, then SIGKILL after its grace; waits for the whole tree
         if hasattr(self, "pool"):
             self.pool.shutdown()
         self.net.close()

@@ -4,24 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers.machines import cpu
 from vllm_x86.runtime import defaults, hardware
 from vllm_x86.runtime.hardware import GiB
-
-
-def cpu(cores: int, nodes: int = 1, smt: int = 1) -> hardware.CpuInfo:
-    logical = list(range(cores * smt))
-    per_node = len(logical) // nodes
-    by_node = {n: logical[n * per_node : (n + 1) * per_node] for n in range(nodes)}
-    return hardware.CpuInfo(
-        arch="x86_64",
-        model_name="test",
-        flags=frozenset({"avx2", "fma"}),
-        logical_cpus=logical,
-        physical_cores=cores,
-        numa_nodes=list(range(nodes)),
-        cpus_by_node=by_node,
-        core_cpus=logical[::smt],
-    )
 
 
 @pytest.fixture(autouse=True)

@@ -12,24 +12,10 @@ import subprocess
 import pytest
 
 from tests.conftest import PYTHON, clean_env
+from tests.helpers.machines import cpu
 from vllm_x86.runtime import defaults, hardware, parallel_plan
 from vllm_x86.runtime.hardware import GiB
 from vllm_x86.runtime.parallel_plan import LayoutError
-
-
-def cpu(cores: int, nodes: int = 1) -> hardware.CpuInfo:
-    logical = list(range(cores))
-    per_node = cores // nodes
-    return hardware.CpuInfo(
-        arch="x86_64",
-        model_name="test",
-        flags=frozenset({"avx2", "fma"}),
-        logical_cpus=logical,
-        physical_cores=cores,
-        numa_nodes=list(range(nodes)),
-        cpus_by_node={n: logical[n * per_node : (n + 1) * per_node] for n in range(nodes)},
-        core_cpus=logical,
-    )
 
 
 def machine_memory(avail_gib: float):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from vllm_x86.tools.bench import netns
+from vllm_x86.tools.bench.server import stop_group
 
 ROUTER = Path(sys.executable).parent / "vllm-router"
 CONTENDERS = ("one server", "two replicas + router")
@@ -134,17 +134,7 @@ def run(model: str, concurrency: list[int], rounds: int, new: int, workdir: Path
                           f"(failed {failed}; load average before {load1:.1f})", flush=True)  # fmt: skip
     finally:
         for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGINT)
-        for p in procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            stop_group(p)
         pool.shutdown()
         net.close()
     return summarize(model, concurrency, rounds, new, samples)
