@@ -29,6 +29,19 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     return None
 
 
+def int_flag(args: list[str], *flags: str) -> int | None:
+    """The first of `flags` given, as a number; None when none is, or it is not a
+    number (vLLM's own parser then says what is wrong with it)."""
+    for flag in flags:
+        value = _flag_value(args, flag)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
 def _has_flag(args: list[str], *flags: str) -> bool:
     return any(a == f or a.startswith(f + "=") for a in args for f in flags)
 

@@ -345,19 +345,6 @@ def print_rank_plan(ns) -> int:
     return 0
 
 
-def _int_flag(args: list[str], *flags: str) -> int | None:
-    from vllm_x86.tools.cli.common import _flag_value
-
-    for flag in flags:
-        value = _flag_value(args, flag)
-        if value is not None:
-            try:
-                return int(value)
-            except ValueError:
-                return None  # vLLM's own parser says what is wrong with it
-    return None
-
-
 def _bytes_flag(value: str | None) -> int | None:
     """--kv-cache-memory-bytes as vLLM reads it (a number, or with k/m/g/t: 1000s; with
     K/M/G/T: 1024s), or None where it is not one of those."""
@@ -379,12 +366,12 @@ def check_serve_layout(argv: list[str]) -> None:
     `argv` is the server's command line (common.serve_argv)."""
     from vllm_x86.runtime import parallel_plan
     from vllm_x86.runtime.hardware import GiB
-    from vllm_x86.tools.cli.common import CliError, _flag_value, _has_flag
+    from vllm_x86.tools.cli.common import CliError, _flag_value, _has_flag, int_flag
 
     args = argv[3:]
-    tp = _int_flag(args, "--tensor-parallel-size", "-tp") or 1
-    pp = _int_flag(args, "--pipeline-parallel-size", "-pp") or 1
-    dp = _int_flag(args, "--data-parallel-size", "-dp") or 1
+    tp = int_flag(args, "--tensor-parallel-size", "-tp") or 1
+    pp = int_flag(args, "--pipeline-parallel-size", "-pp") or 1
+    dp = int_flag(args, "--data-parallel-size", "-dp") or 1
     path = _flag_value(args, "--model")
     if path is None or not os.path.isfile(os.path.join(path, "config.json")):
         return  # vLLM resolves it; the platform checks the layout there
@@ -412,7 +399,7 @@ def check_serve_layout(argv: list[str]) -> None:
             facts,
             tp,
             pp,
-            max_model_len=_int_flag(args, "--max-model-len"),
+            max_model_len=int_flag(args, "--max-model-len"),
             kv_cache_bytes=kv,
             local=dp == 1,
         )

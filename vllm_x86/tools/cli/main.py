@@ -228,10 +228,10 @@ def _mode_note(argv: list[str], passthrough: list[str]) -> str:
     if any(a.startswith("-O") for a in passthrough) or _has_flag(passthrough, *COMPILE_FLAGS):
         return "vllm-x86: vLLM's compiled mode with the compilation settings you gave"
 
-    from vllm_x86.tools.cli.common import _flag_value as value
+    from vllm_x86.tools.cli.common import int_flag
 
-    ranks = int(value(passthrough, "--tensor-parallel-size") or value(passthrough, "-tp") or 1)
-    ranks *= int(value(passthrough, "--pipeline-parallel-size") or value(passthrough, "-pp") or 1)
+    ranks = int_flag(passthrough, "--tensor-parallel-size", "-tp") or 1
+    ranks *= int_flag(passthrough, "--pipeline-parallel-size", "-pp") or 1
     if ranks > 1:  # staged warm-up is for one worker (startup/staged.py)
         return (
             f"vllm-x86: vLLM's compiled mode, {reason}; each of the {ranks} ranks compiles "
