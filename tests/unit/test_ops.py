@@ -364,8 +364,13 @@ QUANT_ISAS = [i for i in ("amx", "avx512_vnni") if i in kernels.available_quant_
 
 @pytest.fixture(params=QUANT_ISAS)
 def quant_isa(request):
+    import vllm_x86.runtime._C as C
+
     kernels.set_quant_isa(request.param)
+    rows = C.quant_vnni_rows()
+    C.set_quant_vnni_rows(0)  # AMX's own kernel at 1 row too (not VNNI's, which is faster)
     yield request.param
+    C.set_quant_vnni_rows(rows)
     kernels.set_quant_isa("auto")
 
 

@@ -142,8 +142,9 @@ def test_vnni_kernels_equal_the_amx_kernels_bit_for_bit(rows):
     import vllm_x86.runtime._C as C
 
     m.check_plugin_kernels()
-    a8_rows = C.quant_a8_rows()
+    a8_rows, vnni_rows = C.quant_a8_rows(), C.quant_vnni_rows()
     C.set_quant_a8_rows(0)
+    C.set_quant_vnni_rows(0)  # AMX's own INT4 kernel at 1 and 2 rows too
     n, k = 192, 1024
     w, x = _data(n, k, rows)
     x[0, 5] = 60.0
@@ -164,8 +165,37 @@ def test_vnni_kernels_equal_the_amx_kernels_bit_for_bit(rows):
     finally:
         C.set_quant_isa("auto")
         C.set_quant_a8_rows(a8_rows)
+        C.set_quant_vnni_rows(vnni_rows)
     for a, b in zip(outs["amx"], outs["avx512_vnni"], strict=True):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+@pytest.mark.skipif(
+    not (AMX and _vnni()), reason="needs a CPU with both AMX and AVX-512 VNNI to choose between"
+)
+def test_int4_decode_rows_run_the_vnni_kernel_on_amx():
+    """With AMX chosen, INT4 GEMMs of up to VLLM_X86_QUANT_VNNI_ROWS rows (2) run the VNNI
+    kernel, more rows AMX; 0 keeps AMX at every row count; with the VNNI kernels chosen
+    every row count runs VNNI. (The two give the same bits: the test above.)"""
+    import vllm_x86.runtime._C as C
+
+    m.check_plugin_kernels()
+    rows = C.quant_vnni_rows()
+    try:
+        C.set_quant_isa("amx")
+        assert rows == 2
+        assert [C.int4_kernel(r) for r in (1, 2, 3, 16)] == ["avx512_vnni"] * 2 + ["amx"] * 2
+        C.set_quant_vnni_rows(0)
+        assert C.int4_kernel(1) == "amx"
+        C.set_quant_vnni_rows(5)
+        assert C.int4_kernel(5) == "avx512_vnni" and C.int4_kernel(6) == "amx"
+        C.set_quant_isa("avx512_vnni")
+        assert C.int4_kernel(100) == "avx512_vnni"
+        with pytest.raises(RuntimeError, match="expected 0 .never. or a row count"):
+            C.set_quant_vnni_rows(-1)
+    finally:
+        C.set_quant_isa("auto")
+        C.set_quant_vnni_rows(rows)
 
 
 def _int_ops(x, w, bias):

@@ -39,6 +39,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_quant_a8_rows", &vllm_x86::set_quant_a8_rows,
         "Set from how many rows the AVX-512 VNNI INT8/INT4 kernels use 8-bit activations "
         "(0: never)");
+  m.def("quant_vnni_rows", &vllm_x86::quant_vnni_rows,
+        "Up to how many rows INT4 GEMMs run the AVX-512 VNNI kernel on an AMX CPU (0: never)");
+  m.def("set_quant_vnni_rows", &vllm_x86::set_quant_vnni_rows,
+        "Set up to how many rows INT4 GEMMs run the AVX-512 VNNI kernel on an AMX CPU "
+        "(0: never)");
+  m.def("int4_kernel", &vllm_x86::int4_kernel,
+        "The kernels an INT4 GEMM of m rows runs now: amx, avx512_vnni, or empty");
   m.def("bind_threads", &vllm_x86::bind_threads,
         "Pin OpenMP thread t of this thread's team to cpus[t]");
 }

@@ -364,9 +364,32 @@ int64_t& a8_rows_choice() {
   return rows;
 }
 
+// VLLM_X86_QUANT_VNNI_ROWS's default (envs.py); kernels.py applies the setting.
+int64_t& vnni_rows_choice() {
+  static int64_t rows = 2;
+  return rows;
+}
+
 }  // namespace
 
 std::string quant_isa() { return quant_isa_choice(); }
+
+int64_t quant_vnni_rows() { return vnni_rows_choice(); }
+
+std::string int4_kernel(int64_t m) {
+  // A row or two (decode of one or two requests) on an AMX CPU: the VNNI kernel reads
+  // one row's INT4 weights 1.4-2.1x faster than AMX's tiles, which wait for 16 rows
+  // (tools/bench/micro/quant_gemm.py; the same bits either way).
+  if (quant_isa_choice() == "amx" && m <= vnni_rows_choice() && told("avx512_vnni"))
+    return "avx512_vnni";
+  return quant_isa_choice();
+}
+
+void set_quant_vnni_rows(int64_t rows) {
+  TORCH_CHECK(rows >= 0,
+              "vllm-x86 set_quant_vnni_rows: expected 0 (never) or a row count, got ", rows);
+  vnni_rows_choice() = rows;
+}
 
 int64_t quant_a8_rows() { return a8_rows_choice(); }
 
@@ -574,7 +597,7 @@ at::Tensor int4_w4a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::T
   const auto* ap = a.a.data_ptr<int8_t>();
   const float* xsp = a.scale.data_ptr<float>();
   const bool prefill = a.rows > 32;  // more than one step of rows: expand blocks once
-  if (quant_isa_choice() != "amx") {
+  if (int4_kernel(m) != "amx") {
     at::parallel_for(0, (nblocks + 3) / 4, 1, [&](int64_t b, int64_t e) {
       vnni::int4_w4a16_gemm(ap, xsp, m, k, group_size, wp, sp, zp, bp, op_, n, b * 4,
                             std::min(e * 4, nblocks));

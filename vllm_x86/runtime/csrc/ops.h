@@ -47,6 +47,13 @@ void set_quant_isa(const std::string& name);
 // inputs) instead of 16-bit ones; 0: never. The AMX kernels always keep 16 bits.
 int64_t quant_a8_rows();
 void set_quant_a8_rows(int64_t rows);
+// With the AMX kernels chosen: INT4 GEMMs of at most this many rows run the AVX-512 VNNI
+// kernel instead (same packed weights, same bits; it streams one row's weights faster);
+// 0: AMX at every row count. Needs the CPU to have AVX-512 VNNI too.
+int64_t quant_vnni_rows();
+void set_quant_vnni_rows(int64_t rows);
+// The kernels an INT4 GEMM of m rows runs now ("amx", "avx512_vnni" or "").
+std::string int4_kernel(int64_t m);
 // Pins OpenMP thread t of the calling thread's team to cpus[t] (team size = len(cpus));
 // returns the CPU each thread then ran on (-1 where pinning failed).
 std::vector<int64_t> bind_threads(const std::vector<int64_t>& cpus);

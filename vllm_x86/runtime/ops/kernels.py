@@ -3,7 +3,7 @@
 The ops' schemas and fakes are ops/schemas.py's (imported here); loading the extension
 registers their C++ implementations. Loading also tells the library what this CPU and
 process can run (hardware.usable_isas(): the library probes nothing itself), then
-applies VLLM_X86_ISA and VLLM_X86_QUANT_A8_ROWS. The extension is built at install time
+applies VLLM_X86_ISA, VLLM_X86_QUANT_A8_ROWS and VLLM_X86_QUANT_VNNI_ROWS. The extension is built at install time
 (`make install`); if it is missing, `available()` is False and `load_error()` says why,
 and the op table falls back to vLLM's own implementations with a warning
 (ops/registry.py).
@@ -33,6 +33,12 @@ def _load():
     _C.set_cpu_isas(list(hardware.usable_isas()))
     _C.set_isa(wanted_isa())  # raises with a clear message for an unknown or unusable ISA
     _C.set_quant_a8_rows(a8_rows())
+    _C.set_quant_vnni_rows(
+        _rows_setting(
+            "VLLM_X86_QUANT_VNNI_ROWS",
+            "up to how many rows INT4 GEMMs run the AVX-512 VNNI kernel on an AMX CPU",
+        )
+    )
     return _C, None
 
 
@@ -46,18 +52,23 @@ def wanted_isa() -> str:
 def a8_rows() -> int:
     """VLLM_X86_QUANT_A8_ROWS as a row count (0: never), or a ValueError that says what
     the setting takes."""
+    return _rows_setting(
+        "VLLM_X86_QUANT_A8_ROWS",
+        "from how many rows the INT8/INT4 GEMMs take 8-bit activations on AVX-512 VNNI",
+    )
+
+
+def _rows_setting(name: str, what: str) -> int:
+    """A row-count setting (0: never), or a ValueError that says what it takes."""
     from vllm_x86.runtime import envs
 
-    raw = envs.get("VLLM_X86_QUANT_A8_ROWS").strip()
+    raw = envs.get(name).strip()
     try:
         rows = int(raw)
     except ValueError:
         rows = -1
     if rows < 0:
-        raise ValueError(
-            f"VLLM_X86_QUANT_A8_ROWS={raw!r}: expected a row count (from how many rows the "
-            "INT8/INT4 GEMMs take 8-bit activations on AVX-512 VNNI) or 0 for never"
-        )
+        raise ValueError(f"{name}={raw!r}: expected a row count ({what}) or 0 for never")
     return rows
 
 
