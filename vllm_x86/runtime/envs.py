@@ -119,7 +119,6 @@ SETTINGS: tuple[Setting, ...] = (
         "weights 1.4-2.1x faster than the AMX tiles (same packed weights, same bits: "
         "docs/quantization.md); more rows run AMX. 0: AMX at every row count.",
     ),
-
     Setting(
         "VLLM_X86_QUANT_KERNEL",
         "auto",

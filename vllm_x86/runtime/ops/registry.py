@@ -468,6 +468,17 @@ def int4_layout_kernel(layout: str | None) -> str:
     return W4A16.name if layout == W4A16.layout else VLLM_W4A8.name
 
 
+def _vnni_rows_note(isa: str) -> str:
+    """What VLLM_X86_QUANT_VNNI_ROWS changes here, for the log line above."""
+    import vllm_x86.runtime._C as C
+
+    rows = C.quant_vnni_rows()
+    if isa != "amx" or C.int4_kernel(1) != "avx512_vnni":
+        return ""
+    upto = "one row" if rows == 1 else f"up to {rows} rows"
+    return f"; INT4 GEMMs of {upto} run the AVX-512 VNNI kernel (VLLM_X86_QUANT_VNNI_ROWS)"
+
+
 def activations(isa: str | None) -> str:
     """How the plugin's kernels on `isa` round activations, in words (log, doctor)."""
     from vllm_x86.runtime.ops import kernels
@@ -504,7 +515,10 @@ def check_plugin_kernels() -> None:
     if not _isa_logged:
         _isa_logged = True
         _quant_logger.info(
-            "vllm-x86: INT8/INT4 GEMMs run the plugin's %s kernels, %s", isa, activations(isa)
+            "vllm-x86: INT8/INT4 GEMMs run the plugin's %s kernels, %s%s",
+            isa,
+            activations(isa),
+            _vnni_rows_note(isa),
         )
 
 
