@@ -4,6 +4,7 @@ thing, a compiled start with a damaged cache entry, is in tests/e2e/test_compile
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 
@@ -29,13 +30,38 @@ def test_key_names_versions_and_isa(monkeypatch):
         "cpu_isa",
         "cpu_flags",
         "kernel_isa",
+        "runtime",
+        "graph_settings",
     }
     assert f["torch"].startswith("2.")
+    assert "VLLM_X86_DIRECT_ATTENTION=1" in f["graph_settings"]
     other = dict(f, cpu_isa="avx2")
     assert cc.cache_root(f) != cc.cache_root(other)
     assert cc.cache_root(f) == cc.cache_root(dict(f))
     monkeypatch.setenv("VLLM_X86_ISA", "avx2")
     assert cc.key_factors()["kernel_isa"] == "avx2"
+    # a setting that changes the traced graph keys another cache
+    monkeypatch.setenv("VLLM_X86_DIRECT_ATTENTION", "0")
+    assert cc.cache_root() != cc.cache_root(dict(f, kernel_isa="avx2"))
+    assert "VLLM_X86_DIRECT_ATTENTION=0" in cc.key_factors()["graph_settings"]
+
+
+def test_key_follows_the_runtime_code(tmp_path, monkeypatch):
+    """The plugin's version stays while its code changes: the key hashes the runtime
+    sources, so a changed file is another cache."""
+    import shutil
+
+    import vllm_x86.runtime as rt
+
+    src = Path(rt.__file__).parent
+    copy = tmp_path / "runtime"
+    shutil.copytree(src, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    fake = copy / "startup" / "compile_cache.py"
+    monkeypatch.setattr(cc, "__file__", str(fake))
+    before = cc.runtime_fingerprint()
+    assert before == cc.runtime_fingerprint()
+    (copy / "ops" / "attention.py").write_text("# changed\n")
+    assert cc.runtime_fingerprint() != before
 
 
 def test_sealed_entry_passes_and_unsealed_is_left_alone(tmp_path):

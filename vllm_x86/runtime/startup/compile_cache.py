@@ -10,8 +10,10 @@ the artifact's Inductor cache is loaded without any check.
 
 So, in compiled mode and unless you set ``VLLM_CACHE_ROOT`` yourself, the plugin points
 vLLM at ``<VLLM_X86_CACHE_DIR>/compile/<key>/``, where ``key`` hashes the plugin, vLLM,
-torch and Python versions, the CPU's ISA level and flags, and the kernels' ISA choice
-(``VLLM_X86_ISA``). vLLM's hash (the model and its settings) stays beneath it.
+torch and Python versions, the CPU's ISA level and flags, the kernels' ISA choice
+(``VLLM_X86_ISA``), a hash of the plugin's runtime code and the plugin settings that
+change the traced graph (``GRAPH_SETTINGS``). vLLM's hash (the model and its settings)
+stays beneath it.
 
 Each artifact directory gets a manifest (``vllm-x86-manifest.json``: size and SHA-256
 of every file, plus the model it was built for) once a worker has compiled or loaded
@@ -73,6 +75,35 @@ _TMP_WRITERS = (re.compile(r"^\.(\d+)\.\d+\.tmp$"), re.compile(r"\.(\d+)\.tmp$")
 TEMP_ROOT_PREFIX = "vllm-x86-compile-"
 
 
+# Settings that change what torch.compile traces, or the constants it bakes into the
+# graph (which ops a layer calls, a group size), where vLLM's hash does not see them.
+GRAPH_SETTINGS = (
+    "VLLM_X86_OPS",
+    "VLLM_X86_FP32_RESIDUAL",
+    "VLLM_X86_DIRECT_ATTENTION",
+    "VLLM_X86_QUANT_KERNEL",
+    "VLLM_X86_QUANT_GROUP_SIZE",
+    "VLLM_X86_QUANT_ZERO_POINT",
+    "VLLM_X86_QUANT_LM_HEAD",
+    "VLLM_X86_CPP_WRAPPER",
+)
+
+
+def runtime_fingerprint() -> str:
+    """A hash of the plugin's runtime code (vllm_x86/runtime, Python and C++ sources).
+    vLLM checks on load that the files it traced are unchanged, but a plugin change that
+    makes it trace other files (a layer switched to the plugin's class, or back) or that
+    changes an op called inside the graph would load the old graph; and the plugin's
+    version stays the same while a development tree's code changes."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*")):
+        if f.suffix in (".py", ".cpp", ".h") and "__pycache__" not in f.parts:
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def key_factors() -> dict[str, str]:
     """What a compiled artifact depends on beyond vLLM's own hash."""
     from importlib import metadata
@@ -96,6 +127,8 @@ def key_factors() -> dict[str, str]:
         "cpu_isa": cpu.isa_level,
         "cpu_flags": ",".join(sorted(f for f in hardware.ISA_FLAGS if cpu.has(f))),
         "kernel_isa": os.environ.get("VLLM_X86_ISA", "auto").strip().lower() or "auto",
+        "runtime": runtime_fingerprint(),
+        "graph_settings": ";".join(f"{n}={envs.get(n).strip()}" for n in GRAPH_SETTINGS),
     }
 
 

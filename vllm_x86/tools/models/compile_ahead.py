@@ -68,24 +68,17 @@ def _entries(root: Path) -> set[str]:
 
 
 def runtime_fingerprint() -> str:
-    """A hash of the plugin's runtime code (vllm_x86/runtime, Python and C++ sources):
-    what the engine configuration, and so vLLM's cache key, is made from besides the
-    flags. The compile cache's own key names the plugin's version only, which a
-    development tree keeps while its code changes."""
+    """The plugin's runtime code (compile_cache.runtime_fingerprint: what the engine
+    configuration, and so vLLM's cache key, is made from besides the flags) and the C++
+    wrapper setting as `vllm-x86 serve` will apply it."""
     import hashlib
 
-    import vllm_x86.runtime as rt
-
-    root = Path(rt.__file__).parent
-    h = hashlib.sha256()
-    # a setting that changes the compiled code, as `vllm-x86 serve` will apply it
     from vllm_x86.runtime.defaults import apply_layer_name_env
+    from vllm_x86.runtime.startup.compile_cache import runtime_fingerprint as code
 
+    h = hashlib.sha256()
     h.update(f"cpp_wrapper={apply_layer_name_env(dict(os.environ))};".encode())
-    for f in sorted(root.rglob("*")):
-        if f.suffix in (".py", ".cpp", ".h") and "__pycache__" not in f.parts:
-            h.update(str(f.relative_to(root)).encode())
-            h.update(f.read_bytes())
+    h.update(code().encode())
     return h.hexdigest()[:16]
 
 
