@@ -140,15 +140,20 @@ def test_fused_attention_runs_inside_a_compiled_graph(tiny_qwen3, runs):
     assert "2 Qwen3Attention modules use the fused kernel" in compiled["log"], compiled["log"][
         -3000:
     ]
+    # attention inside the graph is the plugin's one op (ops/attention.py), not vLLM's two
+    assert "2 Attention use the plugin's code" in compiled["log"]
     assert compiled["token_ids"] == runs["float32-fused"]["token_ids"]
     assert compiled["token_ids"] == transformers_greedy(tiny_qwen3, IDS)
 
 
 def test_direct_attention_equals_vllm_layer(runs):
-    """The fused path calls vLLM CPU's attention kernels itself (direct_attention); with
-    VLLM_X86_DIRECT_ATTENTION=0 it goes through vLLM's Attention layer: same tokens."""
+    """The op table's Attention row calls vLLM CPU's attention kernels from one place
+    (ops/attention.py: direct_attention); with VLLM_X86_DIRECT_ATTENTION=0 attention goes
+    through vLLM's Attention layer and its two custom ops: the same tokens."""
     direct, layer = runs["bfloat16-fused"], runs["bfloat16-fused-layer"]
-    assert "goes through vLLM's layer" not in direct["log"]
-    assert "goes through vLLM's layer: VLLM_X86_DIRECT_ATTENTION=0" in layer["log"]
+    assert "2 Attention use the plugin's code" in direct["log"]
+    assert "Attention keeps vLLM's code" not in direct["log"]
+    assert "Attention keeps vLLM's code: VLLM_X86_DIRECT_ATTENTION=0" in layer["log"]
+    assert "2 Attention use the plugin's code" not in layer["log"]
     assert "2 Qwen3Attention modules use the fused kernel" in layer["log"]
     assert direct["token_ids"] == layer["token_ids"]

@@ -29,9 +29,11 @@ def _sources(*suffixes: str):
 def _ns_ops() -> set[str]:
     """The ops of the vllm_x86 namespace PyTorch knows, after every module that
     implements one is imported."""
-    from vllm_x86.runtime.ops import mamba  # noqa: F401
-    from vllm_x86.runtime.quant import moe  # noqa: F401
+    import importlib
 
+    for op in schemas.OPS:  # each PyTorch implementation registers when its module loads
+        if op.impl != "csrc":
+            importlib.import_module(op.impl.split(":")[0])
     kernels.available()
     names = torch._C._dispatch_get_all_op_names()
     return {n.split("::", 1)[1] for n in names if n.startswith(f"{schemas.NAMESPACE}::")}

@@ -70,9 +70,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "VLLM_X86_DIRECT_ATTENTION",
         "1",
-        "Qwen3 attention with the fused q/k-norm and rotary kernel calls vLLM CPU's two "
-        "attention kernels itself instead of through vLLM's Attention layer and its "
-        "Python custom ops (same kernels, same arguments); 0: through the layer.",
+        "vLLM's Attention layers on vLLM CPU's attention backend call its two attention "
+        "kernels from one place (one op in a compiled graph) instead of through two "
+        "Python custom ops per layer and step (same kernels, same arguments); 0: "
+        "through vLLM's layer.",
     ),
     Setting(
         "VLLM_X86_QUANT_GROUP_SIZE",

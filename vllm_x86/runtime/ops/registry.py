@@ -263,6 +263,17 @@ OVERRIDES: tuple[Override, ...] = (
         "(ops/mamba.py)",
         cpp=False,
     ),
+    # vLLM's Attention layer: its two Python custom ops per layer as one call
+    Override(
+        "module",
+        "vllm.model_executor.layers.attention.attention:Attention",
+        "vllm_x86.runtime.ops.attention:X86AttentionMixin",
+        "vLLM's layer makes two Python custom ops per layer and step around vLLM CPU's "
+        "two attention kernels; one call (one opaque op in a compiled graph) runs the "
+        "same kernels with the same arguments (docs/overhead.md)",
+        check="vllm_x86.runtime.ops.attention:direct_attention_problem",
+        cpp=False,
+    ),
     # Qwen3 / Qwen3-MoE attention prologue
     Override(
         "module",

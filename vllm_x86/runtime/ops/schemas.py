@@ -52,6 +52,10 @@ def _moe_experts(x, topk_weights, topk_ids, layer_key):
     return torch.empty_like(x)  # [M, H]: the experts' output has the input's shape
 
 
+def _like_query(query, key, value, layer_name):
+    return query.new_empty(query.shape)
+
+
 _CSRC = "csrc"  # csrc/bindings.cpp, TORCH_LIBRARY_IMPL
 
 OPS: tuple[OpSchema, ...] = (
@@ -111,6 +115,14 @@ OPS: tuple[OpSchema, ...] = (
         "(Tensor x, Tensor topk_weights, Tensor topk_ids, str layer_key) -> Tensor",
         _moe_experts,
         "vllm_x86.runtime.quant.moe:quant_moe_experts",
+    ),
+    # vLLM's Attention layer in one call per layer (ops/attention.py); the output has the
+    # query's shape (the op takes only layers whose value and key heads are the same size)
+    OpSchema(
+        "attention",
+        "(Tensor query, Tensor key, Tensor value, str layer_name) -> Tensor",
+        _like_query,
+        "vllm_x86.runtime.ops.attention:attention",
     ),
     # Mamba-1 (ops/mamba.py): vLLM's _C.selective_scan_fwd schema and contract
     OpSchema(

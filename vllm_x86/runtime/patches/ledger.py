@@ -1108,13 +1108,28 @@ LEDGER: tuple[Patch, ...] = (
         tests=("tests/unit/test_moe_routing.py",),
     ),
     Patch(
-        name="qwen3_direct_attention",
+        name="direct_attention",
         kind="private use",
-        what="the fused Qwen3 attention calls vLLM CPU's attention C++ ops itself, with "
-        "the arguments and private scale attributes vLLM's Attention layer passes",
-        why="about 1 ms per decode step of Qwen3-0.6B spent in the layer's two Python "
-        "custom ops (VLLM_X86_DIRECT_ATTENTION)",
+        what="vLLM's Attention layers on vLLM CPU's backend (the op table's Attention "
+        "row) call vLLM CPU's attention C++ ops from one place, eagerly or through one "
+        "opaque op in a compiled graph, with the arguments and private scale attributes "
+        "vLLM's layer passes and the layer found in the forward context as vLLM's ops "
+        "find it",
+        why="the layer's two Python custom ops per layer and step cost several times its "
+        "two kernels on a small model (docs/overhead.md; VLLM_X86_DIRECT_ATTENTION)",
         symbols=(
+            Symbol(
+                "vllm.model_executor.layers.attention.attention:Attention.forward",
+                "self query key value output_shape output_dtype",
+                contains=("unified_kv_cache_update", "unified_attention_with_output"),
+            ),
+            Symbol(
+                "vllm.model_executor.layers.attention.attention:get_attention_context",
+                contains=(
+                    "forward_context.no_compile_layers[layer_name]",
+                    "layer_slot_mapping = slot_mapping.get(layer_name)",
+                ),
+            ),
             Symbol(
                 "torch.ops._C:cpu_attn_reshape_and_cache",
                 "key value key_cache value_cache slot_mapping isa k_scale v_scale kv_cache_dtype",
@@ -1128,7 +1143,7 @@ LEDGER: tuple[Patch, ...] = (
                 contains=("layer._k_scale_float = 1.0", "layer._v_scale_float = 1.0"),
             ),
         ),
-        site=("vllm_x86.runtime.ops.qwen3_attention",),
+        site=("vllm_x86.runtime.ops.attention",),
         vllm_file="vllm/v1/attention/backends/cpu_attn.py; "
         "vllm/model_executor/layers/attention/attention.py",
         written_against=_VLLM,
@@ -1136,6 +1151,8 @@ LEDGER: tuple[Patch, ...] = (
         "custom-op round trip",
         tests=(
             "tests/models/test_qwen3_fused_attention.py::test_direct_attention_equals_vllm_layer",
+            "tests/models/test_qwen3_fused_attention.py::"
+            "test_fused_attention_runs_inside_a_compiled_graph",
         ),
     ),
     Patch(
