@@ -3,10 +3,12 @@
 --arch NAME     run the conformance suite for one architecture (repeatable, or
                 comma-separated), e.g. --arch Qwen3ForCausalLM
 --modes LIST    the conformance modes to run, comma-separated, or "all" (default:
-                fp32-eager,bf16-eager for every architecture, and int8-eager,int4-eager
-                for the few of archs.py QUANT_CI_ARCHS, which fits the CI budget of 15
-                minutes on 2 cores; compiled mode costs 8-20 s of Inductor per case).
-                Modes named here run for every architecture chosen.
+                fp32-eager for every architecture, bf16-eager for those of archs.py
+                BF16_CI_ARCHS (each bf16 op path once), and int8-eager,int4-eager for
+                the few of QUANT_CI_ARCHS, which fits the CI budget of 15 minutes on 2
+                cores; compiled mode costs 8-20 s of Inductor per case). Modes named
+                here, and with --arch the default ones, run for every architecture
+                chosen.
 --write-matrix  after the run, render docs/supported_models.md (and .json) from the
                 merged results
 --conformance-workers N
@@ -48,13 +50,14 @@ def conformance_modes(config) -> tuple[str, ...]:
 
 
 def conformance_mode_archs(config) -> dict[str, set[str]]:
-    """Modes restricted to some architectures: without --modes, the quantized ones run
-    for QUANT_CI_ARCHS only (run_suite's `mode_archs`)."""
-    from vllm_x86.tools.conformance.archs import QUANT_CI_ARCHS, QUANT_MODES
+    """Modes restricted to some architectures: without --modes or --arch, bf16 eager
+    runs for BF16_CI_ARCHS only and the quantized ones for QUANT_CI_ARCHS only
+    (run_suite's `mode_archs`); architectures named with --arch run every default mode."""
+    from vllm_x86.tools.conformance.archs import BF16_CI_ARCHS, QUANT_CI_ARCHS, QUANT_MODES
 
-    if config.getoption("--modes"):
+    if config.getoption("--modes") or _archs(config):
         return {}
-    return {m: set(QUANT_CI_ARCHS) for m in QUANT_MODES}
+    return {"bf16-eager": set(BF16_CI_ARCHS)} | {m: set(QUANT_CI_ARCHS) for m in QUANT_MODES}
 
 
 def pytest_generate_tests(metafunc):

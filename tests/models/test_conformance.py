@@ -8,8 +8,12 @@ vllm_x86/tools/conformance/conformance.py defines them (tolerances there and in
 docs/supported_models.md). A case that archs.py marks as failing, with the reason, is
 an xfail; one that passes anyway fails the suite until the table is updated.
 
-    pytest tests/models/test_conformance.py -m slow                   # eager, fp32 + bf16,
-                                                                      # INT8/INT4 for a few
+    pytest tests/models/test_conformance.py -m slow                   # eager: fp32 for all,
+                                              # bf16 for archs.py BF16_CI_ARCHS (each
+                                              # bf16 op path once), INT8/INT4 for the
+                                              # few of QUANT_CI_ARCHS
+    pytest tests/models/test_conformance.py -m slow --modes fp32-eager,bf16-eager
+                                              # the whole bf16 column
     pytest tests/models/test_conformance.py -m slow --modes all       # + compiled
     pytest tests/models/test_conformance.py -m slow --arch Qwen3ForCausalLM
     pytest tests/models/test_conformance.py -m slow --modes all --write-matrix

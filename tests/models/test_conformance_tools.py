@@ -283,6 +283,68 @@ def test_quant_modes_of_an_architecture_failing_bf16_are_not_run():
         assert not_run_reason(BY_NAME[name], "int8-eager") is None
 
 
+def test_bf16_ci_archs_are_rows_that_pass_bf16():
+    """Each of the default run's bf16 rows holds its op path to a verdict: a row of the
+    table, run, and not marked failing in bf16 (an xfail would check nothing)."""
+    from vllm_x86.tools.conformance.archs import BF16_CI_ARCHS
+
+    assert len(BF16_CI_ARCHS) == len(set(BF16_CI_ARCHS))
+    for name in BF16_CI_ARCHS:
+        a = BY_NAME[name]
+        assert not a.skip, name
+        assert not [k for k in a.known if k == "*" or k.startswith("bf16-eager")], name
+
+
+def _pytest_config(modes: str = "", arch: tuple[str, ...] = ()):
+    from types import SimpleNamespace
+
+    opts = {"--modes": modes, "--arch": list(arch)}
+    return SimpleNamespace(getoption=opts.__getitem__)
+
+
+def test_default_run_restricts_bf16_and_quantized_modes_to_the_ci_rows():
+    from tests.models.conftest import conformance_mode_archs, conformance_modes
+    from vllm_x86.tools.conformance.archs import BF16_CI_ARCHS, QUANT_CI_ARCHS
+
+    only = conformance_mode_archs(_pytest_config())
+    assert "fp32-eager" not in only  # every architecture
+    assert only["bf16-eager"] == set(BF16_CI_ARCHS)
+    assert only["int8-eager"] == only["int4-eager"] == set(QUANT_CI_ARCHS)
+    assert set(conformance_modes(_pytest_config())) == {
+        "fp32-eager", "bf16-eager", "int8-eager", "int4-eager"
+    }  # fmt: skip
+    # modes named, or architectures named: no restriction
+    assert conformance_mode_archs(_pytest_config(modes="fp32-eager,bf16-eager")) == {}
+    assert conformance_mode_archs(_pytest_config(arch=("GemmaForCausalLM",))) == {}
+
+
+def test_prepare_builds_the_plain_bf16_reference_only_for_a_plain_bf16_mode(monkeypatch):
+    asked: list[tuple[str, str]] = []
+    monkeypatch.setattr(tiny, "build", lambda *a, **k: "/tiny")
+    monkeypatch.setattr(tiny, "prompt_ids", lambda *a, **k: [1, 2, 3])
+    monkeypatch.setattr(
+        tiny,
+        "cached_reference",
+        lambda model_dir, dtype, prompt, n, cache_dir=None, quant="": asked.append((quant, dtype))
+        or {},
+    )
+    monkeypatch.setattr(conf, "quantize_plan", lambda *a: {})
+
+    def refs(modes):
+        asked.clear()
+        prep = conf.prepare(BY_NAME["LlamaForCausalLM"], modes=modes)
+        assert prep.error is None and not prep.ref_errors
+        return sorted(asked)
+
+    assert refs(("fp32-eager",)) == [("", "float32")]
+    assert refs(("fp32-eager", "int8-eager")) == [
+        ("", "float32"), ("x86_int8", "bfloat16"), ("x86_int8", "float32")
+    ]  # fmt: skip
+    assert refs(("fp32-eager", "bf16-eager")) == [("", "bfloat16"), ("", "float32")]
+    assert refs(("bf16-compiled",)) == [("", "bfloat16"), ("", "float32")]
+    assert refs(()) == [("", "bfloat16"), ("", "float32")]  # callers that name no mode
+
+
 def test_check_shrinks_a_users_config_and_keeps_its_features(tmp_path):
     from transformers import Qwen3Config
 

@@ -799,6 +799,81 @@ QUANT_CI_ARCHS = (
     "Phi3ForCausalLM",
     "Glm4ForCausalLM",
 )
+# The architectures whose bf16-eager mode the pytest suite runs by default (the CI
+# budget; fp32 eager runs for every one): each distinct path a bf16 model takes through
+# the op table (ops/registry.py) and vLLM's CPU layers, once. Chosen from a bf16 op
+# inventory of every passing row (conformance.op_inventory, 2026-12-06): the rows left
+# out run only ops, attention kinds, routers, rope variants and biased layers one of
+# these runs too; what is theirs alone is their vLLM model file (and OPT's torch ReLU).
+# The rows that fail bf16 eager (xfail) are left out too: an xfail holds no op to a
+# result (whether one starts passing is for the full runs), and each engine that fails
+# to start costs the suite a fresh worker process. The whole column
+# runs them all: python -m vllm_x86.tools.conformance.suite --modes bf16-eager (or
+# pytest ... --modes fp32-eager,bf16-eager); docs/supported_models.md is written from
+# such full runs.
+BF16_CI_ARCHS = (
+    # RMSNorm (x86 IR op), the float32 residual fused add + RMSNorm and the float32 best
+    # logits of the LM head (both bf16-only rows), SiluAndMul, llama3 rope, plain attention
+    "LlamaForCausalLM",
+    # YaRN rope with llama-4 attention scaling (the only YaRN row passing bf16)
+    "Ministral3ForCausalLM",
+    # the plugin's xIELU row (vLLM's bf16 coefficients in bf16), q/k norms
+    "ApertusForCausalLM",
+    # chunked local attention, top-1 router on the input (GateLinear), NoPE layers,
+    # q/k L2 norm, shared expert
+    "Llama4ForCausalLM",
+    # q/k/v biases, tied embeddings (the exact-logits row on the embedding's weight)
+    "Qwen2ForCausalLM",
+    # the plugin's fused split + q/k norm + rope module (X86Qwen3Attention)
+    "Qwen3ForCausalLM",
+    # the same for the MoE attention class (its own row); softmax top-k renormalized, MoE
+    "Qwen3MoeForCausalLM",
+    # Gated DeltaNet on vLLM's bf16 CPU kernels (the plugin's GDN row keeps them in bf16),
+    # RMSNormGated, gated attention, partial neox rope
+    "Qwen3_5ForCausalLM",
+    # MLA (vLLM CPU's MLA backend), softmax group-limited routing (the only one), shared
+    # experts, interleaved (non-neox) rope
+    "DeepseekV2ForCausalLM",
+    # partial interleaved rope, attention biases, sandwich norms
+    "Glm4ForCausalLM",
+    # the plugin's DiffKV attention backend (V head 64, QK head 96), attention sinks in
+    # sliding layers, sigmoid group-limited routing with correction bias
+    "MiMoV2FlashForCausalLM",
+    # attention and final logit soft-capping (vLLM's LM head path: the exact-logits row
+    # declines soft-capped logits)
+    "Gemma2ForCausalLM",
+    # (1+w) RMSNorm, GeluAndMul (tanh), sliding/global attention, q/k norms, two rope bases
+    "Gemma3ForCausalLM",
+    # KV sharing, sparse GELU (GeluAndMulSparse), AltUp, Laurel, per-layer inputs
+    "Gemma3nForCausalLM",
+    # the Gemma-4 rope row (proportional partial rope), head size 512
+    "Gemma4ForCausalLM",
+    # attention sinks on vLLM's CPU attention, sliding window, muP residual (no fused add)
+    "GraniteSWAForCausalLM",
+    # ALiBi, GELU, embedding LayerNorm, biases; its fp32 case is an xfail (vLLM's erf
+    # GELU), so bf16 is its only passing check
+    "BloomForCausalLM",
+    # NewGELU, LayerNorm, learned positions, biases everywhere
+    "GPT2LMHeadModel",
+    # ReLU², LayerNorm1P, partial neox rope
+    "NemotronForCausalLM",
+    # PrefixLM attention (bidirectional prompt)
+    "HrmTextForCausalLM",
+    # short convolutions
+    "Lfm2ForCausalLM",
+    # the plugin's Mamba-1 mixer row (bf16 packs the conv weight), without RMS norms
+    "MambaForCausalLM",
+    # the same mixer with RMS-normed B/C/dt, beside attention layers; MoE
+    "JambaForCausalLM",
+    # vLLM's Mamba-2 mixer and its gated RMSNorm, GeluAndMul (erf: the only one), head
+    # size 64, shared attention blocks
+    "Zamba2ForCausalLM",
+    # the plugin's OLMo-Hybrid GDN layer row (its float32 delta rule in every dtype)
+    "OlmoHybridForCausalLM",
+    # the plugin's MoE router row (sigmoid top-k without groups, with bias), MiniMax's
+    # RMSNorm
+    "MiniMaxM2ForCausalLM",
+)
 
 
 def cpu_tag() -> str:

@@ -93,7 +93,9 @@ class Prepared:
 
 def prepare(arch: Arch, root: Path | None = None, modes: tuple[str, ...] = ()) -> Prepared:
     """The checkpoint and the plain references, plus the fake-quantized references of
-    the quantized ones among `modes`."""
+    the quantized ones among `modes`. The plain bf16 reference only where a plain bf16
+    mode is among `modes` (or none is named): the fp32 and quantized rules do not read
+    it, and it costs a transformers run."""
     try:
         cfg = tiny.tiny_config(arch.name, arch.extra)
         model_dir = tiny.build(
@@ -104,7 +106,8 @@ def prepare(arch: Arch, root: Path | None = None, modes: tuple[str, ...] = ()) -
         return Prepared(arch.name, "", [], error=f"transformers: {type(e).__name__}: {e}")
     prep = Prepared(arch.name, str(model_dir), prompt)
     quants = tuple(dict.fromkeys(q for q in map(mode_quant, modes) if q))
-    fill_references(prep, quants=quants)
+    bf16 = not modes or any(mode_parts(m)[0] == "bfloat16" and not mode_quant(m) for m in modes)
+    fill_references(prep, quants=quants, plain=("float32", "bfloat16") if bf16 else ("float32",))
     return prep
 
 
@@ -113,7 +116,10 @@ def fill_references(
     cache_dir: Path | None = None,
     quants: tuple[str, ...] = (),
     new_tokens: int = NEW_TOKENS,
+    plain: tuple[str, ...] = ("float32", "bfloat16"),
 ) -> None:
+    """The references of `prep`: the plain ones in the dtypes `plain`, and float32 and
+    bf16 ones of each of `quants` (weights fake-quantized)."""
     for quant in quants:
         try:
             prep.plans[quant] = quantize_plan(Path(prep.model_dir), quant)
@@ -124,7 +130,7 @@ def fill_references(
                 f"{type(e).__name__}: {msg}"
             )
     for quant in ("", *quants):
-        for d in ("float32", "bfloat16"):
+        for d in ("float32", "bfloat16") if quant else plain:
             key = ref_key(d, quant)
             try:
                 prep.refs[key] = tiny.cached_reference(

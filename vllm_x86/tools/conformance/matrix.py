@@ -244,8 +244,10 @@ def render(data: dict) -> str:
         "",
         "Regenerate: `.venv/bin/python -m pytest tests/models/test_conformance.py -m slow "
         "--modes all --write-matrix` (or `python -m vllm_x86.tools.conformance.suite --matrix`); "
-        "without `--modes` pytest runs fp32 and bf16 eager for every architecture and INT8 / "
-        "INT4 eager for the few of `QUANT_CI_ARCHS` in archs.py (the CI budget); the "
+        "without `--modes` pytest runs fp32 eager for every architecture, bf16 eager for "
+        "those of `BF16_CI_ARCHS` (each bf16 op path once) and INT8 / INT4 eager for the few "
+        "of `QUANT_CI_ARCHS` in archs.py (the CI budget; `--arch` runs them all for the "
+        "architectures it names); the whole bf16 column: `--modes fp32-eager,bf16-eager`; the "
         "quantized columns: `python -m vllm_x86.tools.conformance.suite --modes int8-eager,int4-eager "
         "--results docs/supported_models.json --matrix`; one architecture: "
         "`--arch Qwen3ForCausalLM`. Check your own checkpoint: `vllm-x86 check MODEL_DIR` "
