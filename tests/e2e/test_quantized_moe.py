@@ -249,8 +249,36 @@ def _version1(packed, bf16, dst):
     (dst / qformat.MANIFEST).write_text(json.dumps(manifest))
 
 
+@pytest.fixture(scope="module")
+def moe_bf16(tmp_path_factory):
+    """The tiny Qwen3-MoE checkpoint in bf16 (as real MoE checkpoints come) and its
+    prompt."""
+    src, prompt = _checkpoint("Qwen3MoeForCausalLM")
+    bf16 = tmp_path_factory.mktemp("qwen3-moe") / "bf16"
+    _bf16_copy(src, bf16)
+    return bf16, prompt
+
+
+@pytest.fixture(scope="module")
+def while_loading(moe_bf16):
+    """bits -> `moe_bf16` served eager with `--quantization x86_int{bits}` and the default
+    settings, each started once for the module: the prepacked checkpoint's comparison
+    and the compiled one's eager side are the same engine."""
+    runs: dict[int, dict] = {}
+
+    def get(bits: int) -> dict:
+        if bits not in runs:
+            model, prompt = moe_bf16
+            runs[bits] = _serve(model, prompt, "--quantization", f"x86_int{bits}")
+        return runs[bits]
+
+    return get
+
+
 @pytest.mark.parametrize("bits", [8, 4])
-def test_prepacked_moe_checkpoint_equals_quantized_while_loading(tmp_path, bits):
+def test_prepacked_moe_checkpoint_equals_quantized_while_loading(
+    tmp_path, moe_bf16, while_loading, bits
+):
     """`vllm-x86 quantize` packs an MoE model's routed experts (1 byte or half a byte a
     weight in the file); served, they load packed, and the tokens are those of
     `--quantization` (same round-to-nearest codes and kernels). A checkpoint of format
@@ -259,9 +287,7 @@ def test_prepacked_moe_checkpoint_equals_quantized_while_loading(tmp_path, bits)
 
     from vllm_x86.tools.quantize.convert import quantize_checkpoint
 
-    src, prompt = _checkpoint("Qwen3MoeForCausalLM")
-    bf16 = tmp_path / "bf16"
-    _bf16_copy(src, bf16)
+    bf16, prompt = moe_bf16
     said: list[str] = []
     out = tmp_path / f"int{bits}"
     quantize_checkpoint(bf16, out, bits, method="rtn", progress=said.append)
@@ -282,7 +308,7 @@ def test_prepacked_moe_checkpoint_equals_quantized_while_loading(tmp_path, bits)
             assert t.dtype == dtype and t.nbytes * 8 == b.get_tensor(k).numel() * bits, k
         assert f.get_tensor("model.layers.0.mlp.gate.weight").dtype == torch.bfloat16
 
-    on_the_fly = _serve(bf16, prompt, "--quantization", f"x86_int{bits}")
+    on_the_fly = while_loading(bits)
     prepacked = _serve(out, prompt)
     assert f"MoE experts in INT{bits} (prepacked" in prepacked["log"]
     assert "(quantized while loading" not in prepacked["log"]
@@ -298,14 +324,14 @@ def test_prepacked_moe_checkpoint_equals_quantized_while_loading(tmp_path, bits)
     assert got["token_ids"] == on_the_fly["token_ids"]
 
 
-def test_compiled_equals_eager(tmp_path):
+def test_compiled_equals_eager(tmp_path, moe_bf16, while_loading):
     """vLLM compiles the CPU MoE forward with Dynamo; the quantized experts are one
     opaque op there (moe.quant_moe_experts) and give the eager tokens, also when the
     next start loads the compiled graph from the compile cache (the op's layer key is
     baked into it, so it must be the same in every process)."""
-    model_dir, prompt = _checkpoint("Qwen3MoeForCausalLM")
+    model_dir, prompt = moe_bf16
     cache = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
-    eager = _serve(model_dir, prompt, "--quantization", "x86_int4")
+    eager = while_loading(4)
     compiled = _serve(model_dir, prompt, "--quantization", "x86_int4", eager=False, env=cache)
     assert compiled["experts"] == eager["experts"]
     assert compiled["token_ids"] == eager["token_ids"]

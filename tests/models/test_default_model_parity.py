@@ -33,7 +33,7 @@ from tests.conftest import HELPERS, PYTHON, clean_env
 from tests.helpers import results
 from tests.helpers.logit_error import QUESTIONS, Reference, agrees_until_tie, prompt_ids
 
-# the first test builds the references and runs the four engines (~10 min here, more
+# the first test builds the references and runs the five engines (~10 min here, more
 # on a busy machine)
 pytestmark = pytest.mark.timeout(3600)
 
@@ -70,19 +70,24 @@ def run_vllm(model_dir, dtype: str, eager: bool, prompts, **env) -> dict:
 
 
 # The plugin's engines one after another in one fresh process: one Python + vLLM import
-# instead of four. Each engine still runs in its own engine-core process (and compiles
-# there); stock vLLM needs a process of its own (the platform is chosen at import).
-# bf16, the default, runs eager and compiled; fp32 and INT8 run eager only: their
-# compiled engines cost a compile each (about 2 minutes of the suite); see
-# docs/correctness.md for where compiled fp32 and quantized graphs are held.
+# instead of five. Each engine still runs in its own engine-core process (and compiles
+# there; it reads the plugin's settings from the environment as this process leaves it
+# when the engine starts); stock vLLM needs a process of its own (the platform is chosen
+# at import). bf16, the default, runs eager and compiled; fp32 and INT8 run eager only:
+# their compiled engines cost a compile each (about 2 minutes of the suite); see
+# docs/correctness.md for where compiled fp32 and quantized graphs are held. Last, bf16
+# eager with vLLM's rounding (VLLM_X86_FP32_RESIDUAL=0) as "bfloat16-eager-bf16-residual".
 _PLUGIN_RUNS = """
-import gc, json, sys
-RUNS = (("bfloat16", None, (True, False)), ("float32", None, (True,)), ("bfloat16", "x86_int8", (True,)))
+import gc, json, os, sys
+RUNS = (("bfloat16", None, (True, False), ""), ("float32", None, (True,), ""),
+        ("bfloat16", "x86_int8", (True,), ""), ("bfloat16", None, (True,), "0"))
 from vllm import LLM, SamplingParams
 from vllm.platforms import current_platform
 model, prompts, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 out = {}
-for dtype, quant, modes in RUNS:
+for dtype, quant, modes, fp32_residual in RUNS:
+    if fp32_residual:
+        os.environ["VLLM_X86_FP32_RESIDUAL"] = fp32_residual
     for eager in modes:
         kw = {"quantization": quant} if quant else {}
         llm = LLM(model, dtype=dtype, enforce_eager=eager, max_model_len=1024, seed=0, **kw)
@@ -90,6 +95,7 @@ for dtype, quant, modes in RUNS:
         # one request at a time, as the transformers reference runs them
         outs = [llm.generate([{"prompt_token_ids": x}], sp, use_tqdm=False)[0] for x in prompts]
         name = ("int8" if quant else dtype) + ("-eager" if eager else "-compiled")
+        name += "-bf16-residual" if fp32_residual == "0" else ""
         out[name] = {
             "platform": type(current_platform).__name__,
             "token_ids": [list(o.outputs[0].token_ids) for o in outs],
@@ -148,11 +154,11 @@ def test_plugin_greedy_follows_float32(plugin_runs, reference, kind, eager):
 
 
 @pytest.mark.slow
-def test_bf16_without_fp32_residual_can_be_told_apart(plugin_runs, reference, default_model):
+def test_bf16_without_fp32_residual_can_be_told_apart(plugin_runs, reference):
     """VLLM_X86_FP32_RESIDUAL=0 (vLLM's rounding: residual stream and logits in bf16)
     parts from the float32 model on these prompts where the default does not: the
     rule above can fail."""
-    res = run_vllm(default_model, "bfloat16", True, reference[0], VLLM_X86_FP32_RESIDUAL="0")
+    res = plugin_runs["bfloat16-eager-bf16-residual"]
     assert res["platform"] == "X86Platform"
     assert _follows(res, reference, MARGIN)
     assert not _follows(plugin_runs["bfloat16-eager"], reference, MARGIN)
