@@ -32,7 +32,7 @@ def test_cache_is_loaded_and_a_damaged_entry_rebuilt(tmp_path):
     env = clean_env(VLLM_X86_CACHE_DIR=str(cache), VLLM_X86_STAGED_WARMUP="0")
     first = _start_and_ask(tiny, env, tmp_path / "first.log")
     log1 = (tmp_path / "first.log").read_text()
-    assert "keyed by plugin, vLLM, torch, Python and ISA" in log1
+    assert "keyed by plugin code and graph settings, vLLM, torch, Python and ISA" in log1
     short = "compiled model found in vLLM's cache: warming up with 16 tokens"
     assert short not in log1  # compiling: vLLM's full-size warm-up
     assert "vllm-x86: compiling the model: no compiled model for these settings" in log1

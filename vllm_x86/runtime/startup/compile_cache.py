@@ -333,8 +333,8 @@ def apply(vllm_config) -> Path | None:
     os.environ[CHECKED_ENV] = str(root)
     os.environ[CHECKED_AT_ENV] = repr(time.time())
     logger.info(
-        "vllm-x86: compile cache %s (keyed by plugin, vLLM, torch, Python and ISA; "
-        "%d artifact(s) checked in %.2f s%s)",
+        "vllm-x86: compile cache %s (keyed by plugin code and graph settings, vLLM, torch, "
+        "Python and ISA; %d artifact(s) checked in %.2f s%s)",
         root,
         len(_entries(root)),
         time.perf_counter() - t0,
