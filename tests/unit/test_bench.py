@@ -49,6 +49,23 @@ def test_llamacpp_contender_without_llama_cpp_python_says_how_to_install(monkeyp
     assert "GGML_AMX_TILE=OFF" in str(e.value) and "llama-cpp-python==0.3.36" in str(e.value)
 
 
+def test_a_llamacpp_killed_by_a_signal_is_told_how_to_rebuild_it():
+    """A native llama-cpp-python build on an AMX CPU dies of SIGSEGV at its first decode
+    with an empty log: the error names the rebuild; a plain failure gets no hint."""
+    import subprocess
+    import sys
+
+    from vllm_x86.tools.bench.llamacpp import crash_hint
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
+    )
+    hint = crash_hint(dead.returncode)
+    assert "died of signal 11" in hint
+    assert "GGML_AMX_TILE=OFF" in hint and "--force-reinstall" in hint
+    assert crash_hint(1) == "" and crash_hint(0) == ""
+
+
 def test_contender_env_is_clean_plus_the_contenders_own():
     base = {
         "PATH": "/bin",

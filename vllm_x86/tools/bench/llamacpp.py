@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,6 +39,21 @@ NOT_APPLICABLE = (
     "n/a: llama-cpp-python's Llama decodes one sequence at a time (no continuous "
     "batching; its server serves one request at a time)"
 )
+
+
+def crash_hint(returncode: int | None) -> str:
+    """A sentence for a llama.cpp killed by a signal: a native build of llama-cpp-python
+    on a CPU with AMX compiles its AMX code, which GCC before 13.2 miscompiles (a crash at
+    the first decode, with nothing in the log)."""
+    if returncode not in (-signal.SIGSEGV, -signal.SIGILL, -signal.SIGBUS):
+        return ""
+    from vllm_x86.tools.bench.contenders import llamacpp_install
+
+    return (
+        f"\nllama.cpp died of signal {-returncode}. If llama-cpp-python was built natively "
+        "on this CPU (a plain `pip install`), rebuild it without AMX code: "
+        f"{llamacpp_install()} --force-reinstall --no-deps --no-cache-dir"
+    )
 
 
 def measure_llamacpp(
@@ -84,6 +100,7 @@ def measure_llamacpp(
         raise BenchError(
             f"llama.cpp run failed (exit code {proc.returncode}, log: {log_path}):\n"
             + log_tail(log_path)
+            + crash_hint(proc.returncode)
         )
     result.update(sampler.result())
     # the child's own figures are exact even if it exited between two samples
