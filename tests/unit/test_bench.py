@@ -122,8 +122,14 @@ def test_prompts_are_fixed_token_ids_of_the_right_length(default_model):
 # ----------------------------------------------------------------------------- roofline
 
 
-def _fake_safetensors(path, tensors: dict[str, list[int]]) -> None:
-    header = {n: {"dtype": "BF16", "shape": s, "data_offsets": [0, 0]} for n, s in tensors.items()}
+def _fake_safetensors(path, tensors: dict) -> None:
+    """Headers only: {name: shape} (BF16) or {name: (shape, dtype)}."""
+    header = {
+        n: {"dtype": s[1], "shape": s[0], "data_offsets": [0, 0]}
+        if isinstance(s, tuple)
+        else {"dtype": "BF16", "shape": s, "data_offsets": [0, 0]}
+        for n, s in tensors.items()
+    }
     raw = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw)
 
@@ -162,6 +168,41 @@ def test_roofline_counts_the_lm_head_and_not_the_embedding_lookup(tmp_path):
     r = hf_weight_bytes_per_token(tied, "bfloat16", "x86_int4", group=10, lm_head_bits=4)
     assert r["bytes_per_token"] == 1000 * 1.0 + 200 * 1.0 and r["lm_head"] == "x86_int4"
     assert roofline_tok_s(2_000_000_000, 20.0) == pytest.approx(10.0)
+
+
+def test_roofline_of_a_quantized_checkpoint_counts_what_it_stores(tmp_path):
+    """A prepacked INT4 directory: packed codes, float32 scales and zero points as
+    stored, norms in the run dtype, the plugin's LM-head codes instead of the tied
+    embedding (which is only looked up)."""
+    from vllm_x86.tools.bench.roofline import hf_weight_bytes_per_token
+
+    d = tmp_path / "int4"
+    (d / "x86").mkdir(parents=True)
+    _fake_safetensors(
+        d / "model.safetensors",
+        {
+            "model.embed_tokens.weight": [100, 10],
+            "model.norm.weight": [10],
+            "model.layers.0.mlp.up_proj.weight": ([2, 64], "U8"),
+            "model.layers.0.mlp.up_proj.weight_scale": ([2, 16], "F32"),
+            "model.layers.0.mlp.up_proj.weight_zp": ([2, 16], "U8"),
+        },
+    )
+    _fake_safetensors(
+        d / "x86" / "lm_head.safetensors",
+        {"weight": ([7, 64], "U8"), "scale": ([7, 16], "F32"), "zero": ([7, 16], "U8")},
+    )
+    cfg = {"quant_method": "x86_int4", "prepacked": True}
+    (d / "config.json").write_text(json.dumps({"quantization_config": cfg}))
+    layer = 128 + 32 * 4 + 32
+    r = hf_weight_bytes_per_token(d, "bfloat16")
+    assert r["bytes_per_token"] == layer + 10 * 2 + 1000 * 2  # head: the tied embedding
+    assert r["stored_quantized"] and r["quantization"] == "x86_int4"
+    cfg["lm_head_codes"] = "x86/lm_head.safetensors"
+    (d / "config.json").write_text(json.dumps({"quantization_config": cfg}))
+    r = hf_weight_bytes_per_token(d, "bfloat16")
+    assert r["bytes_per_token"] == layer + 10 * 2 + (7 * 64 + 7 * 16 * 4 + 7 * 16)
+    assert "lm_head.safetensors" in r["lm_head"]
 
 
 def test_bandwidth_probe_reports_both_thread_counts():

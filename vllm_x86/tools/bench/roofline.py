@@ -34,11 +34,17 @@ def quant_bytes_per_weight(quant: str, k: int, group: int = 128) -> float:
     raise ValueError(f"unknown quantization '{quant}'")
 
 
-def _safetensors_shapes(model_dir: Path) -> dict[str, list[int]]:
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
-    out: dict[str, list[int]] = {}
+# Bytes per element of safetensors' stored dtypes.
+STORED_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "U64": 8, "I32": 4, "U32": 4,
+    "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+}  # fmt: skip
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+
+
+def _safetensors_headers(files: list[Path]) -> dict[str, tuple[list[int], str]]:
+    """{tensor name: (shape, stored dtype)} from the files' headers."""
+    out: dict[str, tuple[list[int], str]] = {}
     for f in files:
         with open(f, "rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
@@ -46,8 +52,19 @@ def _safetensors_shapes(model_dir: Path) -> dict[str, list[int]]:
         for name, info in header.items():
             if name == "__metadata__":
                 continue
-            out[name] = list(info["shape"])
+            out[name] = (list(info["shape"]), info["dtype"])
     return out
+
+
+def _safetensors_entries(model_dir: Path) -> dict[str, tuple[list[int], str]]:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    return _safetensors_headers(files)
+
+
+def _safetensors_shapes(model_dir: Path) -> dict[str, list[int]]:
+    return {n: shape for n, (shape, _) in _safetensors_entries(model_dir).items()}
 
 
 def _numel(shape: list[int]) -> int:
@@ -72,7 +89,13 @@ def hf_weight_bytes_per_token(
 ) -> dict:
     """Bytes of weights one decoded token reads, for a HF directory run in `dtype`
     (and, with `quant`, its decoder Linear layers quantized by the plugin; with
-    `lm_head_bits` 8 or 4, the LM head in INT8 or INT4 too: VLLM_X86_QUANT_LM_HEAD)."""
+    `lm_head_bits` 8 or 4, the LM head in INT8 or INT4 too: VLLM_X86_QUANT_LM_HEAD).
+    A checkpoint that is quantized already (a `quantization_config` in config.json:
+    the plugin's prepacked directories, GPTQ, AWQ) is counted as stored
+    (quantized_checkpoint_bytes)."""
+    qcfg = _quantization_config(Path(model_dir))
+    if qcfg is not None:
+        return quantized_checkpoint_bytes(Path(model_dir), dtype, qcfg)
     shapes = _safetensors_shapes(Path(model_dir))
     numels = {n: _numel(s) for n, s in shapes.items()}
     total = sum(numels.values())
@@ -103,6 +126,58 @@ def hf_weight_bytes_per_token(
         out["quantization"] = quant
     if head_method:
         out["lm_head"] = head_method
+    return out
+
+
+def _quantization_config(model_dir: Path) -> dict | None:
+    try:
+        cfg = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    q = cfg.get("quantization_config")
+    return q if isinstance(q, dict) else None
+
+
+def quantized_checkpoint_bytes(model_dir: Path, dtype: str, qcfg: dict) -> dict:
+    """`hf_weight_bytes_per_token` of a checkpoint stored quantized: a layer holding an
+    integer tensor (packed codes) is read as stored, its float scales included; the
+    other float tensors in `dtype`, as vLLM casts them. The LM head is the embedding
+    when tied, or the plugin's own LM-head codes where the directory has them
+    (`lm_head_codes`, an INT8/INT4 head: then the embedding is only looked up)."""
+    entries = _safetensors_entries(model_dir)
+    quantized = {n.rsplit(".", 1)[0] for n, (_, dt) in entries.items() if dt not in FLOAT_DTYPES}
+    names = set(entries)
+    embed = next((n for n in EMBED_NAMES if n in names), None)
+    untied = any(n in names for n in LM_HEAD_NAMES)
+    head_codes = qcfg.get("lm_head_codes")
+    head_bytes = 0
+    if head_codes and (model_dir / head_codes).is_file():
+        codes = _safetensors_headers([model_dir / head_codes])
+        head_bytes = sum(_numel(sh) * STORED_BYTES[dt] for sh, dt in codes.values())
+    total = read = nbytes = 0
+    for n, (shape, dt) in entries.items():
+        k = _numel(shape)
+        total += k
+        if n == embed and (untied or head_bytes):
+            continue  # looked up, not read whole
+        if head_bytes and n in LM_HEAD_NAMES:
+            continue  # the plugin's codes are read instead
+        read += k
+        if n.rsplit(".", 1)[0] in quantized or dt not in FLOAT_DTYPES:
+            nbytes += k * STORED_BYTES[dt]
+        else:
+            nbytes += k * DTYPE_BYTES[dtype]
+    out = {
+        "params": total,
+        "params_read_per_token": read,
+        "tied_embeddings": not untied,
+        "dtype": dtype,
+        "bytes_per_token": int(nbytes + head_bytes),
+        "quantization": str(qcfg.get("quant_method", "?")),
+        "stored_quantized": True,
+    }
+    if head_bytes:
+        out["lm_head"] = f"{qcfg.get('quant_method', '?')} codes ({head_codes})"
     return out
 
 
