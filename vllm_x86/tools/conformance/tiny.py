@@ -18,6 +18,7 @@ version, so a change to any of them builds a new one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -234,6 +235,24 @@ def _make_decisive(model, prompt: list[int]) -> None:
                     norm.bias.mul_(k)
 
 
+@contextlib.contextmanager
+def one_thread():
+    """torch on one thread for the tiny models' own work here (building, references).
+    Their ops are too small to gain from a second thread, and beside a vLLM worker or
+    another test on the same cores two threads wait on each other: preparing the first 8
+    architectures of the table (checkpoints and references) took 39.8 s with torch's
+    two threads and 7.6 s with one, a vLLM engine running beside on the 2-core Xeon VM
+    (2026-12-06)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def build(
     arch: str, cfg, root: Path | None = None, gain: float = LAYER_GAIN, hub_format: str = ""
 ) -> Path:
@@ -252,12 +271,13 @@ def build(
     if (final / DONE).is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(SEED)
-    model = model_class(arch)._from_config(cfg, dtype=torch.float32)
-    model.eval()
-    prompt = prompt_ids(text_config(cfg).vocab_size)
-    _amplify_layers(model, gain)
-    _make_decisive(model, prompt)
+    with one_thread():
+        torch.manual_seed(SEED)
+        model = model_class(arch)._from_config(cfg, dtype=torch.float32)
+        model.eval()
+        prompt = prompt_ids(text_config(cfg).vocab_size)
+        _amplify_layers(model, gain)
+        _make_decisive(model, prompt)
     with tempfile.TemporaryDirectory(prefix=f".{arch}-", dir=root) as tmp:
         out = Path(tmp) / "model"
         original = formats.save_original_format(hub_format) if hub_format else True
@@ -333,17 +353,18 @@ def reference(
     (``prompt_is_prefix``)."""
     import torch
 
-    model = _load(model_dir, dtype_name)
-    n_prefix = len(prompt) if prompt_is_prefix(model_dir) else 0
-    if quant:
-        from vllm_x86.tools.conformance.fake_quant import fake_quantize
+    with one_thread():
+        model = _load(model_dir, dtype_name)
+        n_prefix = len(prompt) if prompt_is_prefix(model_dir) else 0
+        if quant:
+            from vllm_x86.tools.conformance.fake_quant import fake_quantize
 
-        fake_quantize(model, quant)
-    seq = list(prompt)
-    with torch.no_grad():
-        for _ in range(new_tokens):
-            seq.append(int(_logits(model, seq, n_prefix)[-1].argmax()))
-        return teacher_forced(model, prompt, seq[len(prompt) :], prefix=bool(n_prefix))
+            fake_quantize(model, quant)
+        seq = list(prompt)
+        with torch.no_grad():
+            for _ in range(new_tokens):
+                seq.append(int(_logits(model, seq, n_prefix)[-1].argmax()))
+            return teacher_forced(model, prompt, seq[len(prompt) :], prefix=bool(n_prefix))
 
 
 def teacher_forced(model, prompt: list[int], continuation: list[int], prefix: bool = False) -> dict:
