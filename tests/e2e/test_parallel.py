@@ -81,6 +81,7 @@ def prepacked(tiny_llama, tmp_path_factory):
         [PYTHON, "-m", "vllm_x86.tools.cli", "quantize", str(tiny_llama), str(out),
          "--bits", "8", "--no-compile"],
         check=True, capture_output=True, text=True, timeout=300,
+        env=clean_env(OMP_NUM_THREADS="1"),  # one thread: see test_quantized's GPTQ run
     )  # fmt: skip
     return out
 
@@ -94,6 +95,7 @@ def prepacked4(tiny_llama, tmp_path_factory):
         [PYTHON, "-m", "vllm_x86.tools.cli", "quantize", str(tiny_llama), str(out),
          "--bits", "4", "--method", "rtn", "--lm-head", "int8", "--no-compile"],
         check=True, capture_output=True, text=True, timeout=300,
+        env=clean_env(OMP_NUM_THREADS="1"),  # one thread: see test_quantized's GPTQ run
     )  # fmt: skip
     return out
 
