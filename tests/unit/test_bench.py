@@ -5,8 +5,10 @@ roofline, bandwidth probe, synthetic models, GGUF export, report and chart, CLI 
 from __future__ import annotations
 
 import json
+import math
 import struct
 import subprocess
+import sys
 
 import pytest
 
@@ -52,9 +54,6 @@ def test_llamacpp_contender_without_llama_cpp_python_says_how_to_install(monkeyp
 def test_a_llamacpp_killed_by_a_signal_is_told_how_to_rebuild_it():
     """A native llama-cpp-python build on an AMX CPU dies of SIGSEGV at its first decode
     with an empty log: the error names the rebuild; a plain failure gets no hint."""
-    import subprocess
-    import sys
-
     from vllm_x86.tools.bench.llamacpp import crash_hint
 
     dead = subprocess.run(
@@ -123,13 +122,14 @@ def test_prompts_are_fixed_token_ids_of_the_right_length(default_model):
 
 
 def _fake_safetensors(path, tensors: dict) -> None:
-    """Headers only: {name: shape} (BF16) or {name: (shape, dtype)}."""
-    header = {
-        n: {"dtype": s[1], "shape": s[0], "data_offsets": [0, 0]}
-        if isinstance(s, tuple)
-        else {"dtype": "BF16", "shape": s, "data_offsets": [0, 0]}
-        for n, s in tensors.items()
-    }
+    """Headers only: {name: shape} (BF16) or {name: (shape, dtype)}, each tensor's data
+    offsets as its size makes them."""
+    header, at = {}, 0
+    for n, s in tensors.items():
+        shape, dtype = s if isinstance(s, tuple) else (s, "BF16")
+        size = {"BF16": 2, "F32": 4, "U8": 1}[dtype] * math.prod(shape)
+        header[n] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + size]}
+        at += size
     raw = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw)
 

@@ -113,7 +113,12 @@ def _text_config(cfg: dict) -> dict:
 def safetensors_tensors(model_dir: Path) -> dict[str, tuple[str, list[int], int]] | None:
     """name -> (dtype, shape, bytes) from the headers of the directory's safetensors
     files, or None when it has none (or one cannot be read)."""
-    files = sorted(model_dir.glob("*.safetensors"))
+    return safetensors_file_tensors(sorted(Path(model_dir).glob("*.safetensors")))
+
+
+def safetensors_file_tensors(files: list[Path]) -> dict[str, tuple[str, list[int], int]] | None:
+    """`safetensors_tensors` of the given files (None when there are none, or one
+    cannot be read)."""
     if not files:
         return None
     out = {}

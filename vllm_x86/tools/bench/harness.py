@@ -266,13 +266,14 @@ def _weights(contenders: list[Contender], model_dir: Path, dtype: str, gguf: Pat
             quant = c.quantization
             head = scope.lm_head_bits(c.env.get("VLLM_X86_QUANT_LM_HEAD")) if quant else 0
             hf = hf_weight_bytes_per_token(model_dir, dtype, quant, lm_head_bits=head)
-            tied = "tied" if hf["tied_embeddings"] else "untied"
-            what = f"{dtype} weights, {tied} embeddings"
             if hf.get("stored_quantized"):
                 what = f"{hf['quantization']} checkpoint as stored, other weights {dtype}"
+            else:
+                tied = "tied" if hf["tied_embeddings"] else "untied"
+                what = f"{dtype} weights, {tied} embeddings"
             if quant:
                 what += f", decoder linears {quant}"
-            if head or hf.get("lm_head"):
+            if hf.get("lm_head"):
                 what += f", LM head {hf['lm_head']}"
             out[c.name] = {**hf, "what": what}
         elif c.kind == "llamacpp" and gguf is not None:

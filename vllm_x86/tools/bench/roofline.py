@@ -14,7 +14,6 @@ float32 reads 4 bytes per weight), from the tensor headers only (no weights are 
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -34,37 +33,21 @@ def quant_bytes_per_weight(quant: str, k: int, group: int = 128) -> float:
     raise ValueError(f"unknown quantization '{quant}'")
 
 
-# Bytes per element of safetensors' stored dtypes.
-STORED_BYTES = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "U64": 8, "I32": 4, "U32": 4,
-    "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
-}  # fmt: skip
-FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # safetensors' names of float dtypes
 
 
-def _safetensors_headers(files: list[Path]) -> dict[str, tuple[list[int], str]]:
-    """{tensor name: (shape, stored dtype)} from the files' headers."""
-    out: dict[str, tuple[list[int], str]] = {}
-    for f in files:
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            out[name] = (list(info["shape"]), info["dtype"])
-    return out
+def _safetensors_tensors(model_dir: Path) -> dict[str, tuple[str, list[int], int]]:
+    """name -> (stored dtype, shape, stored bytes): the plan's header reader."""
+    from vllm_x86.runtime.parallel_plan import safetensors_tensors
 
-
-def _safetensors_entries(model_dir: Path) -> dict[str, tuple[list[int], str]]:
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
-    return _safetensors_headers(files)
+    tensors = safetensors_tensors(model_dir)
+    if not tensors:
+        raise FileNotFoundError(f"no readable *.safetensors in {model_dir}")
+    return tensors
 
 
 def _safetensors_shapes(model_dir: Path) -> dict[str, list[int]]:
-    return {n: shape for n, (shape, _) in _safetensors_entries(model_dir).items()}
+    return {n: shape for n, (_, shape, _) in _safetensors_tensors(model_dir).items()}
 
 
 def _numel(shape: list[int]) -> int:
@@ -144,18 +127,18 @@ def quantized_checkpoint_bytes(model_dir: Path, dtype: str, qcfg: dict) -> dict:
     other float tensors in `dtype`, as vLLM casts them. The LM head is the embedding
     when tied, or the plugin's own LM-head codes where the directory has them
     (`lm_head_codes`, an INT8/INT4 head: then the embedding is only looked up)."""
-    entries = _safetensors_entries(model_dir)
-    quantized = {n.rsplit(".", 1)[0] for n, (_, dt) in entries.items() if dt not in FLOAT_DTYPES}
-    names = set(entries)
-    embed = next((n for n in EMBED_NAMES if n in names), None)
-    untied = any(n in names for n in LM_HEAD_NAMES)
+    from vllm_x86.runtime.parallel_plan import safetensors_file_tensors
+
+    tensors = _safetensors_tensors(model_dir)
+    # a layer with an integer tensor (its packed codes) is read as stored, scales included
+    quantized = {n.rsplit(".", 1)[0] for n, (dt, _, _) in tensors.items() if dt not in FLOAT_DTYPES}
+    embed = next((n for n in EMBED_NAMES if n in tensors), None)
+    untied = any(n in tensors for n in LM_HEAD_NAMES)
     head_codes = qcfg.get("lm_head_codes")
-    head_bytes = 0
-    if head_codes and (model_dir / head_codes).is_file():
-        codes = _safetensors_headers([model_dir / head_codes])
-        head_bytes = sum(_numel(sh) * STORED_BYTES[dt] for sh, dt in codes.values())
+    codes = safetensors_file_tensors([model_dir / head_codes]) if head_codes else None
+    head_bytes = sum(size for _, _, size in codes.values()) if codes else 0
     total = read = nbytes = 0
-    for n, (shape, dt) in entries.items():
+    for n, (_, shape, size) in tensors.items():
         k = _numel(shape)
         total += k
         if n == embed and (untied or head_bytes):
@@ -163,10 +146,8 @@ def quantized_checkpoint_bytes(model_dir: Path, dtype: str, qcfg: dict) -> dict:
         if head_bytes and n in LM_HEAD_NAMES:
             continue  # the plugin's codes are read instead
         read += k
-        if n.rsplit(".", 1)[0] in quantized or dt not in FLOAT_DTYPES:
-            nbytes += k * STORED_BYTES[dt]
-        else:
-            nbytes += k * DTYPE_BYTES[dtype]
+        in_quantized = n.rsplit(".", 1)[0] in quantized
+        nbytes += size if in_quantized else k * DTYPE_BYTES[dtype]
     out = {
         "params": total,
         "params_read_per_token": read,
