@@ -76,6 +76,15 @@ SETTINGS: tuple[Setting, ...] = (
         "through vLLM's layer.",
     ),
     Setting(
+        "VLLM_X86_DECODE_ATTENTION",
+        "1",
+        "With VLLM_X86_DIRECT_ATTENTION: decode steps (one new token per sequence) with "
+        "little attention work write the KV cache and attend in one plugin kernel "
+        "(torch.ops.vllm_x86.decode_attention, float32 inside) instead of vLLM CPU's two "
+        "kernels; larger ones, prefill and layers it does not take (ALiBi, sliding window, "
+        "soft cap) keep vLLM's. 0: vLLM's kernels always.",
+    ),
+    Setting(
         "VLLM_X86_QUANT_GROUP_SIZE",
         "128",
         "x86_int4 quantizing a bf16 checkpoint while it loads: input channels per scale "

@@ -3,7 +3,9 @@
 // (C++ does not see the ISA macros a target pragma implies, hence the VX_* macros.)
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels.h"
 

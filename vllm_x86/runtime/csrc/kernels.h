@@ -53,6 +53,17 @@ struct KernelTable {
   void (*fused_add_rms_norm_f32res)(int dt, void* x, int64_t xs, float* res, int64_t rs,
                                     const void* w, int64_t hidden, float eps,
                                     int64_t r_begin, int64_t r_end);
+  // Decode attention of vLLM CPU's paged KV cache, one query token per sequence, for
+  // items [i_begin, i_end) (item = sequence * kvh + KV head): writes the token's key and
+  // value into their slot, then out = softmax(scale * q K^T) V in float32 for the G
+  // query heads of the KV head. layout: 0 vLLM's "vec"/"vec16", 1 its "amx" (bfloat16,
+  // AVX-512 tables only). scratch: G * (hd + max seq_len) floats per calling thread.
+  void (*decode_attention)(int dt, int layout, const void* q, int64_t qs, const void* k,
+                           int64_t ks, const void* v, int64_t vs, void* cache,
+                           int64_t block_elems, int kvh, int64_t bs, int64_t hd, int G,
+                           const int64_t* slots, const int32_t* block_table, int64_t bt_s,
+                           const int32_t* seq_lens, float scale, void* out, int64_t os,
+                           int64_t i_begin, int64_t i_end, float* scratch);
 };
 
 namespace avx2 {

@@ -608,6 +608,223 @@ void split_norm_rope_neox_tokens(void* q_out_, void* k_out_, void* v_out_, const
   }
 }
 
+// ---------------------------------------------------------------- decode attention
+// vLLM CPU's paged KV cache, as its cpu_attn_reshape_and_cache writes it: one (block, KV
+// head) holds bs keys, then bs values, of hd elements each (2 * bs * hd in all), laid
+// out by the layout vLLM chose for the layer (its attention ISA):
+//   0 ("vec", "vec16"): key (t, d) at d * bs + t (transposed), value at t * hd + d;
+//   1 ("amx", bfloat16): key at (t / 16) * 16 * hd + (d / 2) * 32 + (t % 16) * 2 + d % 2
+//     (pairs of dimensions, 16 tokens a tile), value at (d / 16) * bs * 16 + (t / 2) * 32
+//     + (d % 16) * 2 + t % 2 (pairs of tokens, 16 dimensions a tile).
+// tests/unit/test_decode_attention.py checks both against vLLM's own writes.
+inline int64_t kv_key_at(int layout, int64_t bs, int64_t hd, int64_t t, int64_t d) {
+  return layout == 0 ? d * bs + t : (t / 16) * 16 * hd + (d / 2) * 32 + (t % 16) * 2 + d % 2;
+}
+inline int64_t kv_value_at(int layout, int64_t bs, int64_t hd, int64_t t, int64_t d) {
+  return bs * hd + (layout == 0 ? t * hd + d : (d / 16) * bs * 16 + (t / 2) * 32 + (d % 16) * 2 + t % 2);
+}
+
+// Scores of GN query heads (q scaled, float32, hd apart) against the n tokens of one
+// (block, KV head) at kb: sc[g * L + t] for t < n. Accumulators stay in registers.
+template <class E, int GN>
+inline void decode_scores(int layout, const typename E::T* kb, int64_t bs, int64_t hd,
+                          int64_t n, const float* qg, float* sc, int64_t L) {
+  if (layout == 0) {
+    for (int64_t t0 = 0; t0 < n; t0 += W) {
+      vf acc[GN];
+      for (int g = 0; g < GN; ++g) acc[g] = v_zero();
+      for (int64_t d = 0; d < hd; ++d) {
+        const vf kv = E::load(kb + d * bs + t0);
+        for (int g = 0; g < GN; ++g) acc[g] = v_fma(v_set1(qg[g * hd + d]), kv, acc[g]);
+      }
+      for (int g = 0; g < GN; ++g) store_any<F32>(sc + g * L + t0, acc[g], n - t0);
+    }
+    return;
+  }
+#if defined(VX_AVX512)
+  if constexpr (std::is_same<E, BF16>::value) {
+    const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+    for (int64_t t0 = 0; t0 < n; t0 += 16) {
+      const uint16_t* kt = kb + (t0 / 16) * 16 * hd;
+      vf acc[GN], acc2[GN];
+      for (int g = 0; g < GN; ++g) acc[g] = acc2[g] = v_zero();
+      for (int64_t p = 0; p < hd / 2; ++p) {
+        const __m512i x = _mm512_loadu_si512(kt + p * 32);
+        const vf ev = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+        const vf od = _mm512_castsi512_ps(_mm512_and_si512(x, hi));
+        for (int g = 0; g < GN; ++g) {
+          acc[g] = v_fma(v_set1(qg[g * hd + 2 * p]), ev, acc[g]);
+          acc2[g] = v_fma(v_set1(qg[g * hd + 2 * p + 1]), od, acc2[g]);
+        }
+      }
+      for (int g = 0; g < GN; ++g)
+        store_any<F32>(sc + g * L + t0, v_add(acc[g], acc2[g]), n - t0);
+    }
+  }
+#endif
+}
+
+// o[c * W ..] += sum over the n tokens of one (block, KV head)'s values at vb (layout 0,
+// dimensions d0 .. d0 + CN * W) of p[t] * v[t]; two tokens at a time, two sets of
+// accumulators.
+template <class E, int CN>
+inline void decode_values(const typename E::T* vb, int64_t hd, int64_t n, const float* p,
+                          vf* o) {
+  vf a[CN], b[CN];
+  for (int c = 0; c < CN; ++c) {
+    a[c] = o[c];
+    b[c] = v_zero();
+  }
+  int64_t t = 0;
+  for (; t + 1 < n; t += 2) {
+    const vf p0 = v_set1(p[t]), p1 = v_set1(p[t + 1]);
+    const typename E::T* r0 = vb + t * hd;
+    const typename E::T* r1 = r0 + hd;
+    for (int c = 0; c < CN; ++c) {
+      a[c] = v_fma(p0, E::load(r0 + c * W), a[c]);
+      b[c] = v_fma(p1, E::load(r1 + c * W), b[c]);
+    }
+  }
+  if (t < n) {
+    const vf p0 = v_set1(p[t]);
+    for (int c = 0; c < CN; ++c) a[c] = v_fma(p0, E::load(vb + t * hd + c * W), a[c]);
+  }
+  for (int c = 0; c < CN; ++c) o[c] = v_add(a[c], b[c]);
+}
+
+// Decode attention for items [ib, ie) (item = sequence * kvh + KV head; one query token
+// per sequence): the token's key and value into their cache slot (as
+// cpu_attn_reshape_and_cache), then for each of the G query heads of the KV head
+// out = softmax(scale * q K^T) V over the sequence's seq_len tokens, in float32, the
+// output rounded once. scratch: G * (hd + max seq_len) floats.
+template <class E>
+void decode_attention_items(int layout, const void* q_, int64_t qs, const void* k_, int64_t ks,
+                            const void* v_, int64_t vs, void* cache_, int64_t block_elems,
+                            int kvh, int64_t bs, int64_t hd, int G, const int64_t* slots,
+                            const int32_t* block_table, int64_t bt_s, const int32_t* seq_lens,
+                            float scale, void* out_, int64_t os, int64_t ib, int64_t ie,
+                            float* scratch) {
+  using T = typename E::T;
+  const T* q = static_cast<const T*>(q_);
+  const T* k = static_cast<const T*>(k_);
+  const T* v = static_cast<const T*>(v_);
+  T* cache = static_cast<T*>(cache_);
+  T* out = static_cast<T*>(out_);
+  const int64_t head_elems = 2 * bs * hd;
+  for (int64_t it = ib; it < ie; ++it) {
+    const int64_t s = it / kvh;
+    const int h = static_cast<int>(it % kvh);
+    const int64_t L = seq_lens[s];
+    const int32_t* row = block_table + s * bt_s;
+    auto at = [&](int64_t block) { return cache + block * block_elems + h * head_elems; };
+    const int64_t slot = slots[s];
+    if (slot >= 0) {
+      T* base = at(slot / bs);
+      const int64_t t = slot % bs;
+      const T* kr = k + s * ks + h * hd;
+      const T* vr = v + s * vs + h * hd;
+      for (int64_t d = 0; d < hd; ++d) {
+        base[kv_key_at(layout, bs, hd, t, d)] = kr[d];
+        base[kv_value_at(layout, bs, hd, t, d)] = vr[d];
+      }
+    }
+    float* qf = scratch;
+    float* sc = scratch + G * hd;
+    for (int g = 0; g < G; ++g)
+      for (int64_t d = 0; d < hd; d += W)
+        v_storef(qf + g * hd + d,
+                 v_mul(E::load(q + s * qs + (static_cast<int64_t>(h) * G + g) * hd + d),
+                       v_set1(scale)));
+    const int64_t nblk = (L + bs - 1) / bs;
+    for (int64_t j = 0; j < nblk; ++j) {
+      const T* kb = at(row[j]);
+      const int64_t n = L - j * bs < bs ? L - j * bs : bs;
+      for (int g0 = 0; g0 < G; g0 += 4) {
+        const float* qg = qf + g0 * hd;
+        float* sg = sc + g0 * L + j * bs;
+        switch (G - g0 < 4 ? G - g0 : 4) {
+          case 1: decode_scores<E, 1>(layout, kb, bs, hd, n, qg, sg, L); break;
+          case 2: decode_scores<E, 2>(layout, kb, bs, hd, n, qg, sg, L); break;
+          case 3: decode_scores<E, 3>(layout, kb, bs, hd, n, qg, sg, L); break;
+          default: decode_scores<E, 4>(layout, kb, bs, hd, n, qg, sg, L); break;
+        }
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      float* sg = sc + g * L;
+      // softmax: max, exp and sum (full vectors, then the tail one by one)
+      const int64_t full = L / W * W;
+      float m = -__builtin_inff();
+      if (full > 0) {
+        vf mv = v_loadf(sg);
+        for (int64_t i = W; i < full; i += W) mv = v_max(mv, v_loadf(sg + i));
+        alignas(64) float tmp[W];
+        v_storef(tmp, mv);
+        for (int i = 0; i < W; ++i) m = tmp[i] > m ? tmp[i] : m;
+      }
+      for (int64_t i = full; i < L; ++i) m = sg[i] > m ? sg[i] : m;
+      vf sv = v_zero();
+      for (int64_t i = 0; i < full; i += W) {
+        const vf e = v_exp(v_sub(v_loadf(sg + i), v_set1(m)));
+        v_storef(sg + i, e);
+        sv = v_add(sv, e);
+      }
+      float sum = v_hsum(sv);
+      for (int64_t i = full; i < L; ++i) {
+        sg[i] = std::exp(sg[i] - m);
+        sum += sg[i];
+      }
+      const vf inv = v_set1(1.0f / sum);
+      T* og = out + s * os + (static_cast<int64_t>(h) * G + g) * hd;
+      if (layout == 0) {
+        for (int64_t d0 = 0; d0 < hd; d0 += 4 * W) {
+          const int cn = static_cast<int>((hd - d0) / W < 4 ? (hd - d0) / W : 4);
+          vf acc[4] = {v_zero(), v_zero(), v_zero(), v_zero()};
+          for (int64_t j = 0; j < nblk; ++j) {
+            const T* vb = at(row[j]) + bs * hd + d0;
+            const int64_t n = L - j * bs < bs ? L - j * bs : bs;
+            switch (cn) {
+              case 1: decode_values<E, 1>(vb, hd, n, sg + j * bs, acc); break;
+              case 2: decode_values<E, 2>(vb, hd, n, sg + j * bs, acc); break;
+              case 3: decode_values<E, 3>(vb, hd, n, sg + j * bs, acc); break;
+              default: decode_values<E, 4>(vb, hd, n, sg + j * bs, acc); break;
+            }
+          }
+          for (int c = 0; c < cn; ++c) E::store(og + d0 + c * W, v_mul(acc[c], inv));
+        }
+      } else {
+#if defined(VX_AVX512)
+        if constexpr (std::is_same<E, BF16>::value) {
+          const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+          for (int64_t d0 = 0; d0 < hd / 16; d0 += 4) {
+            const int cn = static_cast<int>(hd / 16 - d0 < 4 ? hd / 16 - d0 : 4);
+            vf a[4] = {v_zero(), v_zero(), v_zero(), v_zero()};
+            vf b[4] = {v_zero(), v_zero(), v_zero(), v_zero()};
+            for (int64_t j = 0; j < nblk; ++j) {
+              const uint16_t* vb = at(row[j]) + bs * hd;
+              const int64_t n = L - j * bs < bs ? L - j * bs : bs;
+              const float* pj = sg + j * bs;
+              for (int64_t t = 0; t < n; t += 2) {
+                const vf p0 = v_set1(pj[t]);
+                const vf p1 = v_set1(t + 1 < n ? pj[t + 1] : 0.f);
+                const __mmask16 m1 = t + 1 < n ? 0xffff : 0;
+                for (int c = 0; c < cn; ++c) {
+                  const __m512i x = _mm512_loadu_si512(vb + (d0 + c) * bs * 16 + (t / 2) * 32);
+                  a[c] = v_fma(p0, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), a[c]);
+                  b[c] = _mm512_mask3_fmadd_ps(
+                      p1, _mm512_castsi512_ps(_mm512_and_si512(x, hi)), b[c], m1);
+                }
+              }
+            }
+            for (int c = 0; c < cn; ++c) E::store(og + (d0 + c) * 16, v_mul(v_add(a[c], b[c]), inv));
+          }
+        }
+#endif
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- dtype dispatch
 #define VX_DISPATCH_DT(dt, E, ...)  \
   switch (dt) {                     \
@@ -677,11 +894,23 @@ void k_split_norm_rope_neox(int dt, int cdt, void* q_out, void* k_out, void* v_o
                                     cache_s, nq, nk, head, rot, eps, tb, te, scratch)));
 }
 
+void k_decode_attention(int dt, int layout, const void* q, int64_t qs, const void* k, int64_t ks,
+                        const void* v, int64_t vs, void* cache, int64_t block_elems, int kvh,
+                        int64_t bs, int64_t hd, int G, const int64_t* slots,
+                        const int32_t* block_table, int64_t bt_s, const int32_t* seq_lens,
+                        float scale, void* out, int64_t os, int64_t ib, int64_t ie,
+                        float* scratch) {
+  VX_DISPATCH_DT(dt, E,
+                 decode_attention_items<E>(layout, q, qs, k, ks, v, vs, cache, block_elems, kvh,
+                                           bs, hd, G, slots, block_table, bt_s, seq_lens, scale,
+                                           out, os, ib, ie, scratch));
+}
+
 #undef VX_DISPATCH_DT
 
 }  // namespace
 
 const KernelTable table = {
     VX_ISA_NAME,          k_rms_norm, k_fused_add_rms_norm, k_rotary, k_act_and_mul,
-    k_split_norm_rope_neox, k_fused_add_rms_norm_f32res,
+    k_split_norm_rope_neox, k_fused_add_rms_norm_f32res, k_decode_attention,
 };

@@ -344,6 +344,88 @@ void split_norm_rope_neox(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& v_ou
 }
 
 namespace {
+// Below this many multiply-adds (tokens x query heads x head size, QK^T and PV) a decode
+// attention call runs on the calling thread: a parallel region costs more than the work
+// (about 10 us on one core).
+constexpr int64_t kDecodeAttentionSerialWork = 1 << 18;
+}  // namespace
+
+void decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key,
+                      const at::Tensor& value, at::Tensor& kv_cache,
+                      const at::Tensor& slot_mapping, const at::Tensor& block_table,
+                      const at::Tensor& seq_lens, double scale, int64_t layout) {
+  const char* op = "vllm-x86 decode_attention: ";
+  const int dt = dtype_code(query, "decode_attention query");
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&key, &value, &kv_cache, &out})
+    TORCH_CHECK(t->scalar_type() == query.scalar_type(), op,
+                "query, key, value, KV cache and output must have one dtype");
+  TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.is_contiguous() && kv_cache.size(3) % 2 == 0, op,
+              "the KV cache must be contiguous [blocks, kv_heads, block_size, 2 * head_size]");
+  const int64_t kvh = kv_cache.size(1), bs = kv_cache.size(2), hd = kv_cache.size(3) / 2;
+  TORCH_CHECK(hd % 16 == 0 && bs % 16 == 0, op,
+              "head size and block size must be multiples of 16 (vLLM CPU's attention has "
+              "them so)");
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&query, &key, &value, &out})
+    TORCH_CHECK(t->dim() == 2 && t->stride(1) == 1 && t->size(1) % hd == 0, op,
+                "query, key, value and output must be [tokens, heads * head_size] with "
+                "contiguous rows");
+  TORCH_CHECK(key.size(1) == kvh * hd && value.size(1) == kvh * hd, op,
+              "key and value must have the KV cache's heads");
+  const int64_t heads = query.size(1) / hd;
+  TORCH_CHECK(heads % kvh == 0, op, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(out.sizes() == query.sizes(), op, "out must have the query's shape");
+  TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.is_contiguous() &&
+                  seq_lens.scalar_type() == at::kInt, op,
+              "seq_lens must be contiguous int32");
+  const int64_t n = seq_lens.size(0);
+  TORCH_CHECK(query.size(0) >= n && key.size(0) >= n && value.size(0) >= n, op,
+              "one query token per sequence: query, key and value need seq_lens' ", n,
+              " rows");
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.is_contiguous() &&
+                  slot_mapping.scalar_type() == at::kLong && slot_mapping.size(0) >= n, op,
+              "slot_mapping must be contiguous int64 with a slot per sequence");
+  TORCH_CHECK(block_table.dim() == 2 && block_table.stride(1) == 1 &&
+                  block_table.scalar_type() == at::kInt && block_table.size(0) >= n, op,
+              "block_table must be int32 [sequences, blocks] with contiguous rows");
+  TORCH_CHECK(layout == 0 || layout == 1, op, "layout is 0 (vec, vec16) or 1 (amx)");
+  const auto& k = table();
+  TORCH_CHECK(layout == 0 || (dt == kBF16 && std::string(k.name) != "avx2"), op,
+              "the amx KV cache layout needs bfloat16 and the AVX-512 kernels (running: ",
+              k.name, ")");
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  int64_t max_len = 0, work = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(lens[i] >= 1 && lens[i] <= block_table.size(1) * bs, op, "sequence ", i,
+                " has length ", lens[i], ", outside 1..", block_table.size(1) * bs,
+                " (its block table's capacity)");
+    max_len = std::max<int64_t>(max_len, lens[i]);
+    work += lens[i];
+  }
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  const int64_t blocks = kv_cache.size(0);
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(slots[i] < blocks * bs, op, "slot ", slots[i], " is outside the KV cache");
+  work *= 2 * heads * hd;
+  const int G = static_cast<int>(heads / kvh);
+  const int64_t items = n * kvh;
+  const int64_t scratch = G * (hd + max_len + 16);
+  const void *q = query.data_ptr(), *kp = key.data_ptr(), *vp = value.data_ptr();
+  void *cache = kv_cache.data_ptr(), *o = out.data_ptr();
+  const int32_t* bt = block_table.data_ptr<int32_t>();
+  const float sc = static_cast<float>(scale);
+  auto run = [&](int64_t b, int64_t e) {
+    k.decode_attention(dt, static_cast<int>(layout), q, query.stride(0), kp, key.stride(0), vp,
+                       value.stride(0), cache, kvh * 2 * bs * hd, static_cast<int>(kvh), bs, hd,
+                       G, slots, bt, block_table.stride(0), lens, sc, o, out.stride(0), b, e,
+                       scratch_for(scratch));
+  };
+  if (items == 1 || work < kDecodeAttentionSerialWork)
+    run(0, items);
+  else
+    at::parallel_for(0, items, 1, run);
+}
+
+namespace {
 
 // The W8A16/W4A16 kernel family: "amx", "avx512_vnni" or "" (none can run here).
 std::string& quant_isa_choice() {

@@ -175,6 +175,68 @@ def split_norm_rope_neox(
     v_out.copy_(v.reshape(v_out.shape))
 
 
+def kv_cache_offsets(
+    layout: int, block_size: int, head_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where vLLM CPU's cpu_attn_reshape_and_cache puts token t's key and value element d
+    inside one (block, KV head) of the paged cache ([block_size, 2 * head_size] elements):
+    two int64 [block_size, head_size] tensors of offsets. Layout 0 is vLLM's "vec" and
+    "vec16" attention ISAs (keys transposed, values by token), 1 its "amx" (bfloat16 pairs
+    in 16-wide tiles); csrc/kernels_impl.h's kv_key_at and kv_value_at say the same."""
+    t = torch.arange(block_size).view(-1, 1)
+    d = torch.arange(head_size).view(1, -1)
+    if layout == 0:
+        key = d * block_size + t
+        value = t * head_size + d
+    else:
+        key = (t // 16) * 16 * head_size + (d // 2) * 32 + (t % 16) * 2 + d % 2
+        value = (d // 16) * block_size * 16 + (t // 2) * 32 + (d % 16) * 2 + t % 2
+    return key, block_size * head_size + value
+
+
+def decode_attention(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    layout: int,
+) -> None:
+    """vLLM CPU's decode step of attention, one query token per sequence: sequence s's
+    key and value rows go to slot slot_mapping[s] of the paged cache (as
+    cpu_attn_reshape_and_cache), then each query head attends, causally, to the
+    sequence's seq_lens[s] cached tokens (blocks block_table[s]): softmax(scale q K^T) V
+    in float32, rounded once to the output's dtype. Query head h reads KV head
+    h // (heads / kv_heads)."""
+    blocks, kvh, bs, two_hd = kv_cache.shape
+    hd = two_hd // 2
+    koff, voff = kv_cache_offsets(layout, bs, hd)
+    flat = kv_cache.view(blocks, kvh, -1)
+    n = seq_lens.shape[0]
+    heads = query.shape[1] // hd
+    g = heads // kvh
+    for s in range(n):
+        slot = int(slot_mapping[s])
+        if slot >= 0:
+            b, t = divmod(slot, bs)
+            flat[b, :, koff[t]] = key[s].view(kvh, hd).to(kv_cache.dtype)
+            flat[b, :, voff[t]] = value[s].view(kvh, hd).to(kv_cache.dtype)
+        length = int(seq_lens[s])
+        tok = torch.arange(length)
+        blk = block_table[s, tok // bs].long()
+        rows = flat[blk]  # [L, kvh, 2 * bs * hd]
+        k = rows.gather(2, koff[tok % bs][:, None, :].expand(length, kvh, hd)).float()
+        v = rows.gather(2, voff[tok % bs][:, None, :].expand(length, kvh, hd)).float()
+        q = query[s].float().view(kvh, g, hd)
+        scores = torch.einsum("hgd,lhd->hgl", q, k) * scale
+        o = torch.einsum("hgl,lhd->hgd", scores.softmax(-1), v)
+        out[s].copy_(o.reshape(-1).to(out.dtype))
+
+
 def _unblock(t: torch.Tensor, nb: int, k: int) -> torch.Tensor:
     """[nb, K/64, 16 quads, 64] B-tile blocks (quant/methods._vnni_blocks) -> [N, K]."""
     return t.reshape(nb, k // 64, 16, 16, 4).permute(0, 3, 1, 2, 4).reshape(nb * 16, k)

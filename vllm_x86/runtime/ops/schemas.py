@@ -96,6 +96,16 @@ OPS: tuple[OpSchema, ...] = (
         _nothing,
         _CSRC,
     ),
+    # vLLM CPU's decode attention in one call (ops/attention.py): the KV-cache write and
+    # attention of one query token per sequence, on vLLM's paged cache layout
+    OpSchema(
+        "decode_attention",
+        "(Tensor! out, Tensor query, Tensor key, Tensor value, Tensor! kv_cache, "
+        "Tensor slot_mapping, Tensor block_table, Tensor seq_lens, float scale, "
+        "int layout) -> ()",
+        _nothing,
+        _CSRC,
+    ),
     # the quantized GEMMs of the op table's quant rows (csrc/amx_gemm.cpp, vnni_gemm.cpp)
     OpSchema(
         "int8_w8a16_gemm",

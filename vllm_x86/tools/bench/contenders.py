@@ -188,6 +188,13 @@ CONTENDERS: dict[str, Contender] = {
             {"GOMP_SPINCOUNT": "300000"},
         ),
         Contender(
+            "plugin-vllm-decode-attention",
+            "plugin-server",
+            "vllm-x86 with vLLM CPU's two attention kernels in decode steps too "
+            "(VLLM_X86_DECODE_ATTENTION=0; the plugin's kernel is the default, kernels.md)",
+            {"VLLM_X86_DECODE_ATTENTION": "0"},
+        ),
+        Contender(
             "plugin-int4-head-spin",
             "plugin-server",
             "plugin-int4-head with libgomp's default spinning (GOMP_SPINCOUNT=300000)",
