@@ -342,3 +342,36 @@ def _check_guard(AuthenticationMiddleware, api_auth):  # noqa: N803
             assert client.post(p, headers={"Authorization": "Bearer nope"}).status_code == 401
     assert client.get("/health/").status_code != 401  # a trailing slash is still public
     assert client.options("/invocations").status_code != 401  # CORS preflight, as vLLM
+
+
+def test_greedy_sample_takes_the_same_tokens():
+    """vLLM's sampler takes a greedy token with torch.max on CPU: the indices vLLM CPU's
+    _C.greedy_argmax gives, on rows with ties, NaN and infinities, as int64."""
+    out = run(
+        """
+        import torch
+        from vllm_x86.runtime import patches
+        patches.apply_all()
+        from vllm.v1.sample.sampler import Sampler
+        from vllm_x86.runtime.patches.ledger import MARK
+        print("patched:", getattr(Sampler.greedy_sample, MARK, False))
+        g = torch.Generator().manual_seed(0)
+        same = 0
+        for trial in range(200):
+            m = int(torch.randint(1, 9, (1,), generator=g))
+            v = int(torch.randint(1, 4000, (1,), generator=g))
+            x = torch.randn(m, v, generator=g).round(decimals=1)  # many ties
+            if trial % 3 == 0:
+                x[0, int(torch.randint(0, v, (1,), generator=g))] = float("nan")
+            if trial % 5 == 0:
+                x[:] = 1.0
+            if trial % 7 == 0:
+                x[-1, -1] = float("inf")
+            got = Sampler.greedy_sample(x)
+            want = torch.ops._C.greedy_argmax(x)
+            same += torch.equal(got, want) and got.dtype == torch.int64 and got.shape == (m,)
+        print("same:", same)
+        """
+    )
+    assert "patched: True" in out
+    assert "same: 200" in out
