@@ -17,6 +17,7 @@ TORCH_LIBRARY_IMPL(vllm_x86, CPU, m) {
   m.impl("gelu_tanh_and_mul", &vllm_x86::gelu_tanh_and_mul);
   m.impl("split_norm_rope_neox", &vllm_x86::split_norm_rope_neox);
   m.impl("decode_attention", &vllm_x86::decode_attention);
+  m.impl("refine_top_logits", &vllm_x86::refine_top_logits);
   m.impl("int8_w8a16_gemm", &vllm_x86::int8_w8a16_gemm);
   m.impl("int4_w4a16_gemm", &vllm_x86::int4_w4a16_gemm);
 }

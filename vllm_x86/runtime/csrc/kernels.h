@@ -64,6 +64,13 @@ struct KernelTable {
                            const int64_t* slots, const int32_t* block_table, int64_t bt_s,
                            const int32_t* seq_lens, float scale, void* out, int64_t os,
                            int64_t i_begin, int64_t i_end, float* scratch);
+  // Rows [r_begin, r_end) of an LM head's logits (dt: bf16 or fp16): out = float32
+  // logits, with the tokens within |best| * rel of the row's best recomputed as float32
+  // dot products of hidden and weight rows (+ bias, may be null); see kernels_impl.h.
+  void (*refine_logits)(int dt, const void* logits, int64_t ls, const void* hidden,
+                        int64_t hs, const void* weight, int64_t ws, const void* bias,
+                        int64_t V, int64_t K, float rel, float* out, int64_t os,
+                        int64_t r_begin, int64_t r_end);
 };
 
 namespace avx2 {

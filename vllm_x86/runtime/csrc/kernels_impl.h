@@ -82,6 +82,8 @@ inline vf v_pow2i(vf n) {
 inline vf v_roundint(vf a) {
   return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
+// bit i set where a[i] >= b[i] (ordered: false for NaN)
+inline unsigned v_ge_mask(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
 #else  // AVX2 + FMA + F16C
 constexpr int W = 8;
 using vf = __m256;
@@ -139,6 +141,9 @@ inline vf v_pow2i(vf n) {
   return _mm256_castsi256_ps(e);
 }
 inline vf v_roundint(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline unsigned v_ge_mask(vf a, vf b) {
+  return static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GE_OQ)));
+}
 #endif
 
 // ---------------------------------------------------------------- element types
@@ -825,6 +830,86 @@ void decode_attention_items(int layout, const void* q_, int64_t qs, const void* 
   }
 }
 
+// ---------------------------------------------------------------- refined logits
+// o = the float32 dot product of K elements of w and h (+ *b)
+template <class E>
+inline void refine_one(const typename E::T* w, const typename E::T* h, int64_t K,
+                       const typename E::T* b, float* o) {
+  vf acc = v_zero();
+  for (int64_t k = 0; k < K; k += W) {
+    const int64_t n = K - k;
+    acc = v_fma(load_any<E>(w + k, n), load_any<E>(h + k, n), acc);
+  }
+  float v = v_hsum(acc);
+  if (b) v += v_hsum(load_n<E>(b, 1));
+  *o = v;
+}
+
+// Logits rows [rb, re) of a bf16/fp16 LM head: out = float(logits); then every token
+// whose value is at least best - |best| * rel (best: the row's maximum) is recomputed as
+// the float32 dot product of the row's hidden state and the token's weight row (+ bias).
+// A row holding NaN or +inf gets none recomputed, and one holding only -inf and finite
+// values the same tokens as torch would pick (ops/reference.refine_top_logits).
+template <class E>
+void refine_logits_rows(const void* logits_, int64_t ls, const void* hidden_, int64_t hs,
+                        const void* weight_, int64_t ws, const void* bias_, int64_t V,
+                        int64_t K, float rel, float* out, int64_t os, int64_t rb, int64_t re) {
+  using T = typename E::T;
+  const T* logits = static_cast<const T*>(logits_);
+  const T* hidden = static_cast<const T*>(hidden_);
+  const T* weight = static_cast<const T*>(weight_);
+  const T* bias = static_cast<const T*>(bias_);
+  const int64_t full = V / W * W;
+  for (int64_t r = rb; r < re; ++r) {
+    const T* lr = logits + r * ls;
+    float* o = out + r * os;
+    vf mv = v_set1(-__builtin_inff());
+    vf odd = v_zero();  // x * 0 is NaN exactly where x is NaN or infinite
+    for (int64_t i = 0; i < full; i += W) {
+      const vf x = E::load(lr + i);
+      v_storef(o + i, x);
+      mv = v_max(mv, x);
+      odd = v_add(odd, v_mul(x, v_zero()));
+    }
+    alignas(64) float tmp[W];
+    v_storef(tmp, mv);
+    float best = -__builtin_inff();
+    for (int i = 0; i < W; ++i) best = tmp[i] > best ? tmp[i] : best;
+    bool special = v_hsum(odd) != 0.0f;  // NaN != 0
+    if (full < V) {
+      const vf x = load_n<E>(lr + full, V - full);
+      store_n<F32>(o + full, x, V - full);
+      for (int64_t i = full; i < V; ++i) {
+        best = o[i] > best ? o[i] : best;
+        special = special || !(o[i] * 0.0f == 0.0f);
+      }
+    }
+    if (special) {  // torch's amax: NaN wins; then the same threshold
+      best = -__builtin_inff();
+      for (int64_t i = 0; i < V; ++i) {
+        if (o[i] != o[i]) {
+          best = o[i];
+          break;
+        }
+        best = o[i] > best ? o[i] : best;
+      }
+    }
+    const float thr = best - std::fabs(best) * rel;
+    if (thr != thr) continue;  // NaN or +inf best: nothing compares >= NaN
+    const T* h = hidden + r * hs;
+    const vf tv = v_set1(thr);
+    for (int64_t i0 = 0; i0 < V; i0 += W) {
+      unsigned m = i0 + W <= V ? v_ge_mask(v_loadf(o + i0), tv) : 0;
+      if (i0 + W > V)
+        for (int64_t i = i0; i < V; ++i) m |= (o[i] >= thr ? 1u : 0u) << (i - i0);
+      for (; m; m &= m - 1) {
+        const int64_t i = i0 + __builtin_ctz(m);
+        refine_one<E>(weight + i * ws, h, K, bias ? bias + i : nullptr, o + i);
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- dtype dispatch
 #define VX_DISPATCH_DT(dt, E, ...)  \
   switch (dt) {                     \
@@ -906,6 +991,14 @@ void k_decode_attention(int dt, int layout, const void* q, int64_t qs, const voi
                                            out, os, ib, ie, scratch));
 }
 
+void k_refine_logits(int dt, const void* logits, int64_t ls, const void* hidden, int64_t hs,
+                     const void* weight, int64_t ws, const void* bias, int64_t V, int64_t K,
+                     float rel, float* out, int64_t os, int64_t rb, int64_t re) {
+  VX_DISPATCH_DT(dt, E,
+                 refine_logits_rows<E>(logits, ls, hidden, hs, weight, ws, bias, V, K, rel, out,
+                                       os, rb, re));
+}
+
 #undef VX_DISPATCH_DT
 
 }  // namespace
@@ -913,4 +1006,5 @@ void k_decode_attention(int dt, int layout, const void* q, int64_t qs, const voi
 const KernelTable table = {
     VX_ISA_NAME,          k_rms_norm, k_fused_add_rms_norm, k_rotary, k_act_and_mul,
     k_split_norm_rope_neox, k_fused_add_rms_norm_f32res, k_decode_attention,
+    k_refine_logits,
 };

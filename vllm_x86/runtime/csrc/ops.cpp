@@ -343,6 +343,41 @@ void split_norm_rope_neox(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& v_ou
                    });
 }
 
+at::Tensor refine_top_logits(const at::Tensor& logits, const at::Tensor& hidden,
+                             const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                             double rel) {
+  const char* op = "vllm-x86 refine_top_logits: ";
+  const int dt = dtype_code(logits, "refine_top_logits logits");
+  TORCH_CHECK(dt != kF32, op, "the logits must be bfloat16 or float16 (float32 needs no refining)");
+  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, op,
+              "logits must be [rows, vocab] with contiguous rows");
+  TORCH_CHECK(hidden.dim() == 2 && hidden.stride(1) == 1 && hidden.size(0) == logits.size(0) &&
+                  hidden.scalar_type() == logits.scalar_type(), op,
+              "hidden must be [rows, hidden] in the logits' dtype, a row per logits row");
+  TORCH_CHECK(weight.dim() == 2 && weight.stride(1) == 1 && weight.size(0) >= logits.size(1) &&
+                  weight.size(1) == hidden.size(1) && weight.scalar_type() == logits.scalar_type(),
+              op, "weight must be [>= vocab, hidden] in the logits' dtype with contiguous rows");
+  const void* bp = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->is_contiguous() && bias->size(0) >= logits.size(1) &&
+                    bias->scalar_type() == logits.scalar_type(), op,
+                "bias must be contiguous [>= vocab] in the logits' dtype");
+    bp = bias->data_ptr();
+  }
+  const int64_t rows = logits.size(0), V = logits.size(1), K = hidden.size(1);
+  at::Tensor out = at::empty({rows, V}, logits.options().dtype(at::kFloat));
+  if (rows == 0 || V == 0) return out;
+  const auto& k = table();
+  const void *lp = logits.data_ptr(), *hp = hidden.data_ptr(), *wp = weight.data_ptr();
+  float* o = out.data_ptr<float>();
+  const float r = static_cast<float>(rel);
+  at::parallel_for(0, rows, 1, [&](int64_t b, int64_t e) {
+    k.refine_logits(dt, lp, logits.stride(0), hp, hidden.stride(0), wp, weight.stride(0), bp, V,
+                    K, r, o, V, b, e);
+  });
+  return out;
+}
+
 namespace {
 // Below this many multiply-adds (tokens x query heads x head size, QK^T and PV) a decode
 // attention call runs on the calling thread: a parallel region costs more than the work

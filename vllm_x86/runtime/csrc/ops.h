@@ -46,6 +46,12 @@ void decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor
                       const at::Tensor& value, at::Tensor& kv_cache,
                       const at::Tensor& slot_mapping, const at::Tensor& block_table,
                       const at::Tensor& seq_lens, double scale, int64_t layout);
+// An LM head's bf16/fp16 logits [rows, vocab] as float32, the tokens within
+// |best| * rel of each row's best recomputed in float32 from hidden and weight (+ bias):
+// ops/logits.py's refined logits in one pass.
+at::Tensor refine_top_logits(const at::Tensor& logits, const at::Tensor& hidden,
+                             const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                             double rel);
 
 // The W8A16/W4A16 kernels that run: "amx", "avx512_vnni" (same results, no AMX) or ""
 // (neither can run here); set_quant_isa picks one ("auto": AMX where it can run).

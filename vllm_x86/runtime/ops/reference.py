@@ -175,6 +175,31 @@ def split_norm_rope_neox(
     v_out.copy_(v.reshape(v_out.shape))
 
 
+def refine_top_logits(
+    logits: torch.Tensor,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    rel: float,
+) -> torch.Tensor:
+    """An LM head's bf16/fp16 logits [M, V] as float32, every token within
+    |best| * rel of its row's best recomputed as the float32 dot product of the row's
+    hidden state and the token's weight row (+ bias). A row whose best is NaN or +inf
+    has no candidates (nothing compares >= NaN)."""
+    out = logits.to(torch.float32)
+    if out.numel() == 0:
+        return out
+    best = out.amax(dim=-1, keepdim=True)
+    rows, cols = (out >= best - best.abs() * rel).nonzero(as_tuple=True)
+    if rows.numel() == 0:
+        return out
+    exact = (weight[cols].to(torch.float32) * hidden[rows].to(torch.float32)).sum(dim=-1)
+    if bias is not None:
+        exact = exact + bias[cols].to(torch.float32)
+    out[rows, cols] = exact
+    return out
+
+
 def kv_cache_offsets(
     layout: int, block_size: int, head_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -56,6 +56,10 @@ def _like_query(query, key, value, layer_name):
     return query.new_empty(query.shape)
 
 
+def _refined_logits(logits, hidden, weight, bias, rel):
+    return logits.new_empty(logits.shape, dtype=torch.float32)
+
+
 _CSRC = "csrc"  # csrc/bindings.cpp, TORCH_LIBRARY_IMPL
 
 OPS: tuple[OpSchema, ...] = (
@@ -94,6 +98,13 @@ OPS: tuple[OpSchema, ...] = (
         "Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, int num_heads, "
         "int num_kv_heads, int head_size, float epsilon) -> ()",
         _nothing,
+        _CSRC,
+    ),
+    # the best logits of a bf16/fp16 LM head recomputed in float32 (ops/logits.py)
+    OpSchema(
+        "refine_top_logits",
+        "(Tensor logits, Tensor hidden, Tensor weight, Tensor? bias, float rel) -> Tensor",
+        _refined_logits,
         _CSRC,
     ),
     # vLLM CPU's decode attention in one call (ops/attention.py): the KV-cache write and
