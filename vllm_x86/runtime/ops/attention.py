@@ -158,6 +158,23 @@ def direct_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     if md is None:
         return out  # warm-up and profile runs, as vLLM's layer
     kv_cache = attn.kv_cache
+    slot_mapping = ctx.slot_mapping.get(attn.layer_name)
+    n = md.num_actual_tokens
+    if (
+        md.max_query_len == 1  # decode: one new token per sequence, no padding rows
+        and md.seq_lens.shape[0] == n
+        and slot_mapping is not None
+        and md.causal
+        and md.dynamic_causal is None
+        and k.dim() == 2
+    ):
+        layout = _decode_layout(attn, q)
+        if layout is not None and n * md.max_seq_len * heads * head <= _DECODE_MAX_WORK[layout]:
+            torch.ops.vllm_x86.decode_attention.default(
+                out, q, k, v, kv_cache, slot_mapping, md.block_table, md.seq_lens,
+                impl.scale, layout,
+            )  # fmt: skip
+            return out
     views = attn.__dict__.get("_x86_kv_views")
     if views is None or views[0] is not kv_cache:
         blocks, _, block_size, _ = kv_cache.size()
@@ -166,28 +183,11 @@ def direct_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     _, key_cache, value_cache = views
     key = k.view(-1, kv_heads, head)
     value = v.view(-1, kv_heads, head_v)
-    slot_mapping = ctx.slot_mapping.get(attn.layer_name)
-    if (
-        md.max_query_len == 1
-        and slot_mapping is not None
-        and md.causal
-        and md.dynamic_causal is None
-        and k.dim() == 2
-    ):
-        layout = _decode_layout(attn, q)
-        n = md.num_actual_tokens
-        if layout is not None and n * md.max_seq_len * heads * head <= _DECODE_MAX_WORK[layout]:
-            torch.ops.vllm_x86.decode_attention.default(
-                out, q, k, v, kv_cache, slot_mapping, md.block_table, md.seq_lens,
-                impl.scale, layout,
-            )  # fmt: skip
-            return out
     if slot_mapping is not None:
         torch.ops._C.cpu_attn_reshape_and_cache(
             key, value, key_cache, value_cache, slot_mapping, attn.isa,
             attn._k_scale_float, attn._v_scale_float, "auto",
         )  # fmt: skip
-    n = md.num_actual_tokens
     torch.ops._C.cpu_attention_with_kv_cache(
         q.view(-1, heads, head)[:n], key_cache, value_cache, out.view(-1, heads, head_v)[:n],
         md.query_start_loc, md.seq_lens, impl.scale, md.causal, impl.alibi_slopes,
