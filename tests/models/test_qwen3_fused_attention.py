@@ -78,7 +78,7 @@ for dtype, name, ops, eager in engines:
     os.environ["VLLM_X86_DIRECT_ATTENTION"] = "0" if name == "fused-layer" else "1"
     # bf16 compares the plugin's direct call with vLLM's layer, both on vLLM's kernels (the
     # plugin's decode kernel keeps float32 probabilities where vLLM's AMX kernel rounds
-    # them); fp32 runs the default, the plugin's decode kernel
+    # them); fp32 runs the plugin's decode kernel (opt-in)
     os.environ["VLLM_X86_DECODE_ATTENTION"] = "0" if dtype == "bfloat16" else "1"
     print(mark + key, flush=True)
     kw = {"compilation_config": {"custom_ops": ops.split(",")}} if ops else {}
@@ -151,8 +151,9 @@ def test_fused_attention_runs_inside_a_compiled_graph(tiny_qwen3, runs):
 
 
 def test_decode_attention_kernel_gives_the_reference_tokens(tiny_qwen3, runs):
-    """Decode steps run the plugin's decode_attention kernel by default (ops/attention.py):
-    in fp32, eager and compiled, the greedy tokens are transformers'."""
+    """With VLLM_X86_DECODE_ATTENTION=1 (the fp32 engines set it) decode steps run the
+    plugin's decode_attention kernel (ops/attention.py): in fp32, eager and compiled, the
+    greedy tokens are transformers'."""
     for key in ("float32-fused", "float32-compiled"):
         assert "decode attention runs the plugin's kernel" in runs[key]["log"], key
         assert runs[key]["token_ids"] == transformers_greedy(tiny_qwen3, IDS)

@@ -188,11 +188,11 @@ CONTENDERS: dict[str, Contender] = {
             {"GOMP_SPINCOUNT": "300000"},
         ),
         Contender(
-            "plugin-vllm-decode-attention",
+            "plugin-decode-attention",
             "plugin-server",
-            "vllm-x86 with vLLM CPU's two attention kernels in decode steps too "
-            "(VLLM_X86_DECODE_ATTENTION=0; the plugin's kernel is the default, kernels.md)",
-            {"VLLM_X86_DECODE_ATTENTION": "0"},
+            "vllm-x86 with the plugin's decode attention kernel (VLLM_X86_DECODE_ATTENTION=1; "
+            "opt-in, kernels.md)",
+            {"VLLM_X86_DECODE_ATTENTION": "1"},
         ),
         Contender(
             "plugin-int4-head-spin",
