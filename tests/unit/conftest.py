@@ -24,6 +24,27 @@ needs_quant_kernels = pytest.mark.skipif(
 )
 
 
+def _kernel_isas() -> list[str]:
+    from vllm_x86.runtime.ops import kernels
+
+    return kernels.available_isas() if kernels.available() else []
+
+
+# the elementwise kernels' ISAs this CPU can run, lowest first (hardware.KERNEL_ISAS)
+KERNEL_ISAS = _kernel_isas()
+
+
+@pytest.fixture(params=KERNEL_ISAS)
+def isa(request):
+    """Each kernel ISA this CPU can run in turn (a lower one than the best is how each
+    path is tested here), back to the best afterwards."""
+    from vllm_x86.runtime.ops import kernels
+
+    kernels.set_isa(request.param)
+    yield request.param
+    kernels.set_isa("auto")
+
+
 @pytest.fixture(scope="session")
 def tiny_bf16(tmp_path_factory):
     """A 2-layer random Llama in bf16 whose shapes the kernels take."""

@@ -15,14 +15,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.unit.conftest import AMX, KERNEL_ISAS
 from vllm_x86.runtime.ops import kernels, reference
 
 pytestmark = pytest.mark.skipif(
     not kernels.available(), reason=f"kernel library not built: {kernels.load_error()}"
 )
 
-ISAS = kernels.available_isas() if kernels.available() else []
-AMX = torch.cpu._is_amx_tile_supported()
 LAYOUT = {"vec": 0, "vec16": 0, "amx": 1}
 # (vLLM attention ISA, dtype, head size, block size, KV heads, query heads per KV head,
 # sequence lengths): SmolLM2's and Qwen2.5-0.5B's heads, head sizes 80/96/128/256,
@@ -41,13 +40,6 @@ CASES = [
 # output against the float32 reference: the output dtype's rounding (one unit in the
 # last place of values below 4) plus float32 summation order
 ATOL = {torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.float32: 1e-5}
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    kernels.set_isa(request.param)
-    yield request.param
-    kernels.set_isa("auto")
 
 
 def _vllm_ops():
@@ -128,7 +120,7 @@ def _ids(case):
 # has the AVX-512 ones (test_the_amx_layout_needs_the_avx512_kernels checks the refusal)
 PAIRS = [
     pytest.param(isa, case, id=f"{isa}-{_ids(case)}")
-    for isa in ISAS
+    for isa in KERNEL_ISAS
     for case in CASES
     if not (LAYOUT[case[0]] == 1 and isa == "avx2")
 ]
@@ -199,7 +191,7 @@ def test_bad_arguments_are_refused_with_a_sentence():
         op(out, q, k, v, cache, torch.tensor([64 * 32]), table, seq_lens, 0.125, 0)
 
 
-@pytest.mark.skipif("avx2" not in ISAS, reason="this CPU cannot run the AVX2 kernels")
+@pytest.mark.skipif("avx2" not in KERNEL_ISAS, reason="this CPU cannot run the AVX2 kernels")
 def test_the_amx_layout_needs_the_avx512_kernels():
     cache, table, seq_lens, slot, q, k, v = _step("vec", torch.bfloat16, 64, 32, 2, 2, [40])
     kernels.set_isa("avx2")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.unit.conftest import KERNEL_ISAS
 from vllm_x86.runtime.ops import kernels, reference
 
 pytestmark = pytest.mark.skipif(
@@ -30,14 +31,6 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 # 1000 tokens (prefill) is the slow part of this file; `make test` runs it, test-fast not
 TOKENS = [1, 7, 64, pytest.param(1000, marks=pytest.mark.slow)]
 HIDDEN = [576, 1024, 2048, 4096, 5120]
-ISAS = kernels.available_isas() if kernels.available() else []
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    kernels.set_isa(request.param)
-    yield request.param
-    kernels.set_isa("auto")
 
 
 def ops():
@@ -290,13 +283,13 @@ def test_bad_arguments_are_clear_errors():
 
 
 def test_isa_selection():
-    assert kernels.isa() in ISAS
+    assert kernels.isa() in KERNEL_ISAS
     with pytest.raises(RuntimeError, match="unknown ISA"):
         kernels.set_isa("sse2")
     kernels.set_isa("avx2")
     assert kernels.isa() == "avx2"
     kernels.set_isa("auto")
-    assert kernels.isa() == ISAS[-1]
+    assert kernels.isa() == KERNEL_ISAS[-1]
 
 
 def test_an_isa_the_cpu_lacks_is_refused(monkeypatch):
@@ -330,7 +323,9 @@ def test_an_isa_the_cpu_lacks_is_refused(monkeypatch):
         C.set_cpu_isas(list(hardware.usable_isas()))
         kernels.set_isa(kernels.wanted_isa())
     assert C.cpu_isas() == list(hardware.usable_isas())
-    assert kernels.isa() == (ISAS[-1] if kernels.wanted_isa() == "auto" else kernels.wanted_isa())
+    assert kernels.isa() == (
+        KERNEL_ISAS[-1] if kernels.wanted_isa() == "auto" else kernels.wanted_isa()
+    )
     want = hardware.best_isa(hardware.QUANT_ISAS) or ""
     assert kernels.quant_isa() == want
 

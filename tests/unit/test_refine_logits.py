@@ -21,15 +21,6 @@ pytestmark = pytest.mark.skipif(
     not kernels.available(), reason=f"kernel library not built: {kernels.load_error()}"
 )
 
-ISAS = kernels.available_isas() if kernels.available() else []
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    kernels.set_isa(request.param)
-    yield request.param
-    kernels.set_isa("auto")
-
 
 def _case(rows, vocab, hidden, dtype, seed, bias=False):
     g = torch.Generator().manual_seed(seed)
