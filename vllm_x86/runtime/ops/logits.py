@@ -93,9 +93,12 @@ def refine_top_logits(
         why = f"dtype {logits.dtype}"
     elif logits.stride(-1) != 1 or hidden.stride(-1) != 1 or weight.stride(-1) != 1:
         why = "rows that are not contiguous"
+    elif bias is not None and bias.dtype != logits.dtype:
+        why = f"a {bias.dtype} bias (the kernel adds one in the logits' dtype)"
     if why is None:
-        b = bias if bias is None or bias.dtype == logits.dtype else bias.to(logits.dtype)
-        return torch.ops.vllm_x86.refine_top_logits.default(logits, hidden, weight, b, REFINE_REL)
+        return torch.ops.vllm_x86.refine_top_logits.default(
+            logits, hidden, weight, bias, REFINE_REL
+        )
     warn_fallback("refine_top_logits", why)
     return reference.refine_top_logits(logits, hidden, weight, bias, REFINE_REL)
 
