@@ -90,6 +90,24 @@ def test_prepacked_equals_quantized_while_loading(tiny, tmp_path, bits, lm_head)
     assert prepacked["token_ids"] == on_the_fly["token_ids"]
 
 
+def test_kept_4bit_grid_prepacked_equals_quantized_while_loading(tiny, tmp_path):
+    """A model already on a 4-bit grid of groups of 32 (a dequantized Q4_1): quantized
+    while loading, its Linear layers keep the grid (the log says so once); the
+    checkpoint `vllm-x86 quantize` writes of it (int4_grid "all") serves exactly the
+    same tokens."""
+    from tests.helpers.grid_model import grid_copy
+    from vllm_x86.tools.quantize.convert import quantize_checkpoint
+
+    grid = grid_copy(tiny, tmp_path / "grid")
+    out = tmp_path / "int4"
+    quantize_checkpoint(grid, out, 4, method="rtn", progress=None)
+    on_the_fly = generate(grid, "--quantization", "x86_int4")
+    assert on_the_fly["log"].count("keeps the 4-bit grid these weights already sit on") == 1
+    prepacked = generate(out)
+    assert len(prepacked["token_ids"][0]) == NEW_TOKENS
+    assert prepacked["token_ids"] == on_the_fly["token_ids"]
+
+
 def test_cli_int4_default_is_gptq_and_serves(tiny, tmp_path):
     """`vllm-x86 quantize --bits 4` calibrates (GPTQ) by default, says so while it
     works, and its output serves; its codes differ from round-to-nearest ones. With

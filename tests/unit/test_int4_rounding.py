@@ -174,3 +174,59 @@ def test_a_wrong_setting_stops_the_config_with_a_sentence(monkeypatch):
     with pytest.raises(ValueError, match="must be one of search, minmax, not 'nearest'"):
         scope.options(4)
     assert scope.options(8, lm_head="0")[2] == 0  # INT8 alone does not read it
+
+
+# ---------------------------------------------------------------- groups of 32
+
+
+def _q4_1_grid(n=64, k=256, seed=3) -> torch.Tensor:
+    """Weights as a GGUF Q4_1 file dequantizes them: each group of 32 is d * c + m with
+    codes c 0..15, a float scale d and a float offset m (not a multiple of d), in bf16."""
+    g = torch.Generator().manual_seed(seed)
+    groups = n * k // 32
+    d = torch.rand(groups, 1, generator=g) * 0.01 + 0.001
+    mn = -d * (torch.rand(groups, 1, generator=g) * 10 + 2)  # offset between codes
+    c = torch.randint(0, 16, (groups, 32), generator=g).float()
+    c[:, 0], c[:, 1] = 0, 15  # every group spans its 16 values
+    return (d * c + mn).view(n, k).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("rounding", ["search", "minmax"])
+def test_groups_of_32_zero_points_in_eighths(rounding):
+    """Groups of 32 hold zero points in eighths of a step: a Q4_1-style weight (offset a
+    fraction of a step) comes back (min/max: within 1/16 of a step plus the scale's bf16
+    rounding) far closer than with integer zero points, which lose up to half a step; codes 0..15, zero points on
+    eighths in 0..15, no NaN on the outlier, zero and constant groups."""
+    w = _q4_1_grid()
+    q, s, z = m.quantize_int4(w, 32, True, rounding)
+    assert z.dtype == torch.float32 and ((z * 8) == torch.round(z * 8)).all()
+    assert (z >= 0).all() and (z <= 15).all() and q.min() >= 0 and q.max() <= 15
+    d = m.dequantize_int4(q, s, z, 32)
+    step = s.t().float().repeat_interleave(32, dim=1)
+    err = (d - w.float()).abs() / step
+    if rounding == "minmax":  # the search may clip a group's smaller side
+        assert float(err.max()) < 1 / 16 + 15 * 2**-7 + 0.01
+    qi, si, zi = m.quantize_int4(w, 32, True, rounding, fine=False)
+    di = m.dequantize_int4(qi, si, zi, 32)
+    assert float((d - w.float()).norm()) < 0.3 * float((di - w.float()).norm())
+    q, s, z = m.quantize_int4(_weights(k=256), 32, True, rounding)
+    d = m.dequantize_int4(q, s, z, 32)
+    assert torch.isfinite(d).all() and (d[14] == 0).all()
+
+
+def test_grid_kept_only_where_the_weights_sit_on_one():
+    """grid_group: groups of 32 for a weight already on a 4-bit grid of 32 (as a
+    dequantized Q4_1/Q4_K file), the layer's own groups for any other weight, for
+    symmetric groups, for a kernel with integer zero points, and when turned off."""
+    grid, other = _q4_1_grid(), _weights(k=256)
+    assert m.grid_ratio(grid) < m.GRID_RATIO < m.grid_ratio(other)
+    assert m.grid_group(grid, 128, True, "w4a16") == 32
+    assert m.grid_group(grid, 64, True, "torch") == 32
+    assert m.grid_group(other, 128, True, "w4a16") == 128
+    assert m.grid_group(grid, 128, False, "w4a16") == 128
+    assert m.grid_group(grid, 128, True, "vllm") == 128
+
+
+def test_grid_rule_off(monkeypatch):
+    monkeypatch.setenv("VLLM_X86_QUANT_INT4_GRID", "0")
+    assert m.grid_group(_q4_1_grid(), 128, True, "w4a16") == 128

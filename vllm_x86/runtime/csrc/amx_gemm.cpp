@@ -21,7 +21,10 @@
 // row v + 8 in its high one. Codes minus the channel's zero point (-15..15) go into the
 // tile product as int8; each group of 64 or 128 inputs accumulates in int32 on its own
 // and is added to float32 accumulators times its scale. Scales (float32) and zero-point
-// codes (uint8) are [N/16][K/group][16].
+// codes (uint8) are [N/16][K/group][16]. Groups of 32 (a block's low nibbles are one
+// group, its high nibbles the next) hold zero points in eighths of a step: the tile
+// product takes 8 c - z (-120..120) and the packed scale is the step / 8, so a zero
+// point between two codes (as a GGUF Q4_1 or Q4_K block has) is kept to 1/16 step.
 //
 // GCC before 13.2 miscompiles its AMX intrinsics (the tile-config load covers only 8
 // of its 64 bytes, tile loads have no memory clobber), so every AMX instruction here is
@@ -69,11 +72,24 @@ const TileConfig kConfig = [] {
   }
   return c;
 }();
+// INT4 groups of 32: each product covers half a block, 32 inputs: A tiles 16 rows x 32
+// bytes, B tiles 8 quads (the block's low or high nibbles) x 16 channels.
+const TileConfig kConfig32 = [] {
+  TileConfig c = kConfig;
+  c.colsb[4] = c.colsb[6] = 32;
+  c.rows[5] = c.rows[7] = 8;
+  return c;
+}();
 
 constexpr int64_t kPrefetch = 16;  // weight blocks fetched ahead of the one multiplied
 constexpr float kAmax = 32639.f;   // largest |a| whose hi byte (a + 128) >> 8 fits int8
 
-inline void tile_config() { asm volatile("ldtilecfg %0" ::"m"(kConfig) : "memory"); }
+inline void tile_config(bool half) {
+  if (half)
+    asm volatile("ldtilecfg %0" ::"m"(kConfig32) : "memory");
+  else
+    asm volatile("ldtilecfg %0" ::"m"(kConfig) : "memory");
+}
 inline void tile_release() { asm volatile("tilerelease" ::: "memory"); }
 
 #define VX_TZERO(t) asm volatile("tilezero %%tmm" #t ::: "memory")
@@ -132,13 +148,20 @@ inline void prefetch(const void* p, int bytes) {
     _mm_prefetch(reinterpret_cast<const char*>(p) + l, _MM_HINT_T0);
 }
 
-// INT4 codes of one block minus their channels' zero points -> the block's int8 B tile
-inline void expand_int4_block(const uint8_t* src, __m512i zeros, int8_t* dst) {
+// INT4 codes of one block, times 2^shift, minus their channels' zero points -> the
+// block's int8 B tile. Rows 0-7 (low nibbles: inputs 0-31) take z_lo, rows 8-15 (high
+// nibbles: inputs 32-63) z_hi: the same zero points, or with groups of 32 two groups'
+// (shift 3: zero points in eighths of a step, 8 c - z in -120..120).
+inline void expand_int4_block(const uint8_t* src, __m512i z_lo, __m512i z_hi, int shift,
+                              int8_t* dst) {
   const __m512i mask = _mm512_set1_epi8(0x0f);
+  const __m128i sh = _mm_cvtsi32_si128(shift);
   for (int v = 0; v < 8; ++v) {
     __m512i b = _mm512_loadu_si512(src + 64 * v);
-    __m512i lo = _mm512_sub_epi8(_mm512_and_si512(b, mask), zeros);
-    __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(b, 4), mask), zeros);
+    // a nibble shifted by up to 3 stays inside its byte
+    __m512i lo = _mm512_sub_epi8(_mm512_sll_epi16(_mm512_and_si512(b, mask), sh), z_lo);
+    __m512i hi = _mm512_sub_epi8(
+        _mm512_sll_epi16(_mm512_and_si512(_mm512_srli_epi16(b, 4), mask), sh), z_hi);
     _mm512_store_si512(dst + 64 * v, lo);
     _mm512_store_si512(dst + 64 * (v + 8), hi);
   }
@@ -154,7 +177,8 @@ inline __m512i lane_zeros(const uint8_t* z) {
 // one A tile holds every token (decode, up to 8 tokens), else 2 x 2. Sums of each group
 // of `group` inputs (all of K for INT8) are scaled into float32 accumulators.
 // INT4 with more than one step of rows (prefill) expands each weight block once into
-// `scratch` (4 * k * 16 bytes) instead of once per step.
+// `scratch` (4 * k * 16 bytes) instead of once per step. INT4 groups of 32 multiply
+// half blocks (kConfig32): a block's low nibbles are one group, its high nibbles the next.
 template <bool kInt4>
 void gemm(const int8_t* a, const float* xscale, int64_t a_rows, int64_t m, int64_t k,
           int64_t group, const void* w, const float* wscale, const uint8_t* wzero,
@@ -163,50 +187,63 @@ void gemm(const int8_t* a, const float* xscale, int64_t a_rows, int64_t m, int64
   const int64_t mt_all = a_rows / 16;
   const int nt = mt_all == 1 ? 4 : 2;
   const int mt_step = 4 / nt;
-  const int64_t kb_n = k / 64, g_n = k / group, kb_per_g = group / 64;
+  const bool half = kInt4 && group == 32;
+  const int shift = half ? 3 : 0;
+  const int64_t sub = half ? 32 : 64;  // inputs per tile product
+  const int64_t kb_n = k / 64, g_n = k / group, sb_per_g = group / sub;
   constexpr int64_t kBlock = kInt4 ? 512 : 1024;  // bytes of weights per block
   const auto* wb = static_cast<const uint8_t*>(w);
   alignas(64) int32_t cbuf[16 * 16];
   alignas(64) int8_t bbuf[4][1024];
   alignas(64) float facc[4][8 * 16];  // per output tile: 8 tokens x 16 channels
   const __m512 k256 = _mm512_set1_ps(256.f);
-  tile_config();
+  // the zero points of block kb's low and high nibbles, channel block jb
+  auto block_zeros = [&](int64_t jb, int64_t kb, __m512i* zl, __m512i* zh) {
+    const int64_t g0 = half ? 2 * kb : kb * 64 / group;
+    *zl = lane_zeros(wzero + (jb * g_n + g0) * 16);
+    *zh = half ? lane_zeros(wzero + (jb * g_n + g0 + 1) * 16) : *zl;
+  };
+  tile_config(half);
   for (int64_t nb0 = nb_begin; nb0 < nb_end; nb0 += nt) {
     const int nj = static_cast<int>(nb_end - nb0 < nt ? nb_end - nb0 : nt);
     const bool expanded = kInt4 && scratch != nullptr && mt_all > mt_step;
     if (expanded)
       for (int j = 0; j < nj; ++j)
-        for (int64_t kb = 0; kb < kb_n; ++kb)
-          expand_int4_block(wb + ((nb0 + j) * kb_n + kb) * kBlock,
-                            lane_zeros(wzero + ((nb0 + j) * g_n + kb / kb_per_g) * 16),
+        for (int64_t kb = 0; kb < kb_n; ++kb) {
+          __m512i zl, zh;
+          block_zeros(nb0 + j, kb, &zl, &zh);
+          expand_int4_block(wb + ((nb0 + j) * kb_n + kb) * kBlock, zl, zh, shift,
                             scratch + (j * kb_n + kb) * 1024);
+        }
     for (int64_t mt0 = 0; mt0 < mt_all; mt0 += mt_step) {
       const int mi_n = static_cast<int>(mt_all - mt0 < mt_step ? mt_all - mt0 : mt_step);
       std::memset(facc, 0, sizeof facc);
+      const uint8_t* blk[4];  // block kb of each channel block (a group of 32 uses half)
       for (int64_t g = 0; g < g_n; ++g) {
-        __m512i zv[4];
-        if (kInt4 && !expanded)
-          for (int j = 0; j < nj; ++j) zv[j] = lane_zeros(wzero + ((nb0 + j) * g_n + g) * 16);
         tzero4();
-        for (int64_t kb = g * kb_per_g; kb < (g + 1) * kb_per_g; ++kb) {
-          const uint8_t* blk[4];
-          for (int j = 0; j < nj; ++j) {
-            if (expanded) {
-              blk[j] = reinterpret_cast<const uint8_t*>(scratch + (j * kb_n + kb) * 1024);
-              continue;
-            }
-            blk[j] = wb + ((nb0 + j) * kb_n + kb) * kBlock;
-            // the weights stream from memory once: fetch a few blocks ahead
-            if (mt0 == 0 && kb + kPrefetch < kb_n) prefetch(blk[j] + kPrefetch * kBlock, kBlock);
-            if (kInt4) {
-              expand_int4_block(blk[j], zv[j], bbuf[j]);
-              blk[j] = reinterpret_cast<const uint8_t*>(bbuf[j]);
-            }
-          }
-          for (int i = 0; i < mi_n; ++i) {
-            tload_a(i, a + (mt0 + i) * 16 * k + kb * 64, k);
+        for (int64_t sb = g * sb_per_g; sb < (g + 1) * sb_per_g; ++sb) {
+          const int64_t kb = sb * sub / 64;
+          const int hb = half ? static_cast<int>(sb & 1) : 0;
+          if (hb == 0)
             for (int j = 0; j < nj; ++j) {
-              if (i == 0) tload_b(j, blk[j]);  // 2x2: B tiles stay loaded for i = 1
+              if (expanded) {
+                blk[j] = reinterpret_cast<const uint8_t*>(scratch + (j * kb_n + kb) * 1024);
+                continue;
+              }
+              blk[j] = wb + ((nb0 + j) * kb_n + kb) * kBlock;
+              // the weights stream from memory once: fetch a few blocks ahead
+              if (mt0 == 0 && kb + kPrefetch < kb_n) prefetch(blk[j] + kPrefetch * kBlock, kBlock);
+              if (kInt4) {
+                __m512i zl, zh;
+                block_zeros(nb0 + j, kb, &zl, &zh);
+                expand_int4_block(blk[j], zl, zh, shift, bbuf[j]);
+                blk[j] = reinterpret_cast<const uint8_t*>(bbuf[j]);
+              }
+            }
+          for (int i = 0; i < mi_n; ++i) {
+            tload_a(i, a + (mt0 + i) * 16 * k + sb * sub, k);
+            for (int j = 0; j < nj; ++j) {
+              if (i == 0) tload_b(j, blk[j] + hb * 512);  // 2x2: B tiles stay loaded for i = 1
               tdp(i * nj + j, i, j);
             }
           }

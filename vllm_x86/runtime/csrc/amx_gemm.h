@@ -25,8 +25,9 @@ void int8_w8a16_gemm(const int8_t* a, const float* xscale, int64_t a_rows, int64
                      int64_t k, const int8_t* w, const float* wscale, const float* bias,
                      uint16_t* out, int64_t ldo, int64_t nb_begin, int64_t nb_end);
 
-// The same with INT4 weights: groups of `group` inputs (64 or 128), a float32 scale and a
-// zero-point code per group and channel; w, wscale, wzero packed as in amx_gemm.cpp.
+// The same with INT4 weights: groups of `group` inputs (32, 64 or 128), a float32 scale
+// and a zero-point code per group and channel (groups of 32: in eighths of a step, the
+// scale a step / 8); w, wscale, wzero packed as in amx_gemm.cpp.
 // scratch: 4 * k * 16 bytes, 64-byte aligned, per thread (used when m > 16), or null.
 void int4_w4a16_gemm(const int8_t* a, const float* xscale, int64_t a_rows, int64_t m,
                      int64_t k, int64_t group, const uint8_t* w, const float* wscale,

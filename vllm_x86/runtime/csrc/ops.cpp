@@ -681,8 +681,8 @@ at::Tensor int4_w4a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::T
   const char* op = "int4_w4a16_gemm";
   check_activations(x, op);
   const int64_t m = x.size(0), k = x.size(1);
-  TORCH_CHECK(group_size == 64 || group_size == 128,
-              "vllm-x86 int4_w4a16_gemm: group size must be 64 or 128, got ", group_size);
+  TORCH_CHECK(group_size == 32 || group_size == 64 || group_size == 128,
+              "vllm-x86 int4_w4a16_gemm: group size must be 32, 64 or 128, got ", group_size);
   TORCH_CHECK(k % group_size == 0, "vllm-x86 int4_w4a16_gemm: K=", k,
               " is not a multiple of the group size ", group_size);
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() &&
@@ -703,7 +703,9 @@ at::Tensor int4_w4a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::T
   const float* sp = scale.data_ptr<float>();
   const auto* zp = zeros.data_ptr<uint8_t>();
   auto* op_ = reinterpret_cast<uint16_t*>(out.data_ptr());
-  if (use_a8(m)) {
+  // groups of 32 keep 16-bit activations: the 8-bit ones carry a sum per 64 inputs, and
+  // a group of 32 would need its own
+  if (group_size >= 64 && use_a8(m)) {
     run_a8(x, nblocks, [&](const int8_t* ap, const float* asp, const int32_t* aup, int64_t b,
                            int64_t e) {
       vnni::int4_w4a8_gemm(ap, asp, aup, m, k, group_size, wp, sp, zp, bp, op_, n, b, e);

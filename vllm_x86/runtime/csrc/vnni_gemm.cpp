@@ -12,6 +12,9 @@
 //   INT8: w + 128 (w xor 0x80): sum a (w + 128) = sum a w + 128 sum a
 //   INT4: the code c (0..15):   sum a c = sum a (c - z) + z sum a
 // and the per-token sums of a (one per group of inputs) take the extra term back out.
+// INT4 groups of 32 (zero points in eighths of a step, amx_gemm.cpp's layout): a
+// block's low nibbles are one group and its high nibbles the next, summed apart, and
+// sum a (8 c - z) = 8 sum a c - z sum a.
 // Every sum is exact in int32 (|a| <= 128, weights <= 255, K < 2^16), so the corrected
 // sums equal AMX's tdpbssd sums exactly.
 //
@@ -74,14 +77,15 @@ inline __m512i bcast4(const int8_t* p) {
 // Sums of tokens' hi and lo bytes over each group: sums[(t * g_n + g) * 2 + {0: hi, 1: lo}]
 void group_sums(const int8_t* a, int64_t m, int64_t k, int64_t group, int32_t* sums) {
   const __m512i ones = _mm512_set1_epi8(1);
-  const int64_t g_n = k / group;
+  const int64_t g_n = k / group, step = group < 64 ? group : 64;
+  const __mmask64 take = step == 64 ? ~0ULL : (1ULL << step) - 1;
   for (int64_t t = 0; t < m; ++t)
     for (int h = 0; h < 2; ++h) {
       const int8_t* row = a + (2 * t + h) * k;
       for (int64_t g = 0; g < g_n; ++g) {
         __m512i acc = _mm512_setzero_si512();
-        for (int64_t c = g * group; c < (g + 1) * group; c += 64)
-          acc = _mm512_dpbusd_epi32(acc, ones, _mm512_loadu_si512(row + c));
+        for (int64_t c = g * group; c < (g + 1) * group; c += step)
+          acc = _mm512_dpbusd_epi32(acc, ones, _mm512_maskz_loadu_epi8(take, row + c));
         sums[(t * g_n + g) * 2 + h] = _mm512_reduce_add_epi32(acc);
       }
     }
@@ -99,12 +103,16 @@ inline void expand_int4_block(const uint8_t* src, uint8_t* dst) {
 
 // Raw sums over input blocks [kb0, kb1) for NJ channel blocks and T tokens:
 // acc[(t * NJ + j) * 2 + h] (16 int32 lanes each). blk[j] points at block kb0 of channel
-// block j; `stride`: bytes from one input block to the next.
-template <int S, int NJ, int T>
+// block j; `stride`: bytes from one input block to the next. kSplit (INT4 groups of 32,
+// one block): the low-nibble rows 0-7 and the high-nibble rows 8-15 apart,
+// acc[((half * T + t) * NJ + j) * 2 + h].
+template <int S, int NJ, int T, bool kSplit = false>
 inline void dot(const uint8_t* const* blk, int64_t stride, int64_t nkb, const int8_t* const* hi,
                 int64_t koff, __m512i* out, int64_t k) {
-  __m512i acc[T * NJ * 2];
-  for (int i = 0; i < T * NJ * 2; ++i) acc[i] = _mm512_setzero_si512();
+  constexpr int kHalf = kSplit ? T * NJ * 2 : 0;  // offset of the high nibbles' sums
+  constexpr int kN = T * NJ * 2 * (kSplit ? 2 : 1);
+  __m512i acc[kN];
+  for (int i = 0; i < kN; ++i) acc[i] = _mm512_setzero_si512();
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const __m512i mask = _mm512_set1_epi8(0x0f);
   for (int64_t kb = 0; kb < nkb; ++kb) {
@@ -131,7 +139,8 @@ inline void dot(const uint8_t* const* blk, int64_t stride, int64_t nkb, const in
             for (int h = 0; h < 2; ++h) {
               __m512i& c = acc[(t * NJ + j) * 2 + h];
               c = _mm512_dpbusd_epi32(c, w0, x0[t][h]);
-              c = _mm512_dpbusd_epi32(c, w1, x1[t][h]);
+              __m512i& c1 = acc[kHalf + (t * NJ + j) * 2 + h];
+              c1 = _mm512_dpbusd_epi32(c1, w1, x1[t][h]);
             }
         }
       }
@@ -145,19 +154,22 @@ inline void dot(const uint8_t* const* blk, int64_t stride, int64_t nkb, const in
           if (S == kRaw8) w = _mm512_xor_si512(w, flip);
           for (int t = 0; t < T; ++t)
             for (int h = 0; h < 2; ++h) {
-              __m512i& c = acc[(t * NJ + j) * 2 + h];
+              __m512i& c = acc[(r >= 8 ? kHalf : 0) + (t * NJ + j) * 2 + h];
               c = _mm512_dpbusd_epi32(c, w, x[t][h]);
             }
         }
       }
     }
   }
-  for (int i = 0; i < T * NJ * 2; ++i) out[i] = acc[i];
+  for (int i = 0; i < kN; ++i) out[i] = acc[i];
 }
 
 // One token and one channel block at a time: the weights are read in memory order (one
-// stream), with the hi and lo sums split over even and odd rows (4 independent chains).
-template <int S>
+// stream), with the hi and lo sums split over two sets of rows (4 independent chains):
+// even and odd rows of INT8, the low (rows 0-7) and high nibbles (rows 8-15) of INT4.
+// kSplit (INT4 groups of 32): out[0..1] the low nibbles' hi and lo sums, out[2..3] the
+// high nibbles'; else out[0..1] both.
+template <int S, bool kSplit = false>
 inline void dot_one(const uint8_t* blk, int64_t stride, int64_t nkb, const int8_t* hi,
                     int64_t koff, __m512i* out, int64_t k) {
   __m512i h0 = _mm512_setzero_si512(), h1 = h0, l0 = h0, l1 = h0;
@@ -181,14 +193,21 @@ inline void dot_one(const uint8_t* blk, int64_t stride, int64_t nkb, const int8_
         h1 = _mm512_dpbusd_epi32(h1, w1, bcast4(hi + c0 + 4 * (v + 8)));
         l1 = _mm512_dpbusd_epi32(l1, w1, bcast4(lo + c0 + 4 * (v + 8)));
       }
+    } else if (S == kBytes) {
+      for (int r = 0; r < 8; ++r) {
+        const __m512i w0 = _mm512_loadu_si512(b0 + 64 * r);
+        const __m512i w1 = _mm512_loadu_si512(b0 + 64 * (r + 8));
+        h0 = _mm512_dpbusd_epi32(h0, w0, bcast4(hi + c0 + 4 * r));
+        l0 = _mm512_dpbusd_epi32(l0, w0, bcast4(lo + c0 + 4 * r));
+        h1 = _mm512_dpbusd_epi32(h1, w1, bcast4(hi + c0 + 4 * (r + 8)));
+        l1 = _mm512_dpbusd_epi32(l1, w1, bcast4(lo + c0 + 4 * (r + 8)));
+      }
     } else {
       for (int r = 0; r < 16; r += 2) {
         __m512i w0 = _mm512_loadu_si512(b0 + 64 * r);
         __m512i w1 = _mm512_loadu_si512(b0 + 64 * (r + 1));
-        if (S == kRaw8) {
-          w0 = _mm512_xor_si512(w0, flip);
-          w1 = _mm512_xor_si512(w1, flip);
-        }
+        w0 = _mm512_xor_si512(w0, flip);
+        w1 = _mm512_xor_si512(w1, flip);
         h0 = _mm512_dpbusd_epi32(h0, w0, bcast4(hi + c0 + 4 * r));
         l0 = _mm512_dpbusd_epi32(l0, w0, bcast4(lo + c0 + 4 * r));
         h1 = _mm512_dpbusd_epi32(h1, w1, bcast4(hi + c0 + 4 * (r + 1)));
@@ -196,8 +215,15 @@ inline void dot_one(const uint8_t* blk, int64_t stride, int64_t nkb, const int8_
       }
     }
   }
-  out[0] = _mm512_add_epi32(h0, h1);
-  out[1] = _mm512_add_epi32(l0, l1);
+  if (kSplit) {
+    out[0] = h0;
+    out[1] = l0;
+    out[2] = h1;
+    out[3] = l1;
+  } else {
+    out[0] = _mm512_add_epi32(h0, h1);
+    out[1] = _mm512_add_epi32(l0, l1);
+  }
 }
 
 template <int S, int T>
@@ -245,6 +271,8 @@ void gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k, int64_t gr
   constexpr int64_t kBlock = kInt4 ? 512 : 1024;
   const auto* wb = static_cast<const uint8_t*>(w);
   const bool expand = kInt4 && m >= VX_EXPAND_ROWS;
+  const bool half = kInt4 && group == 32;  // two groups a block, zero points in eighths
+  const int shift = half ? 3 : 0;
   thread_local std::vector<int32_t> sums_buf;
   if (sums_buf.size() < static_cast<size_t>(m * g_n * 2)) sums_buf.resize(m * g_n * 2);
   int32_t* sums = sums_buf.data();
@@ -269,8 +297,10 @@ void gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k, int64_t gr
         if (kInt4) {
           const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128(
               reinterpret_cast<const __m128i*>(wzero + ((nb0 + j) * g_n + g) * 16)));
-          h = _mm512_sub_epi32(h, _mm512_mullo_epi32(z, _mm512_set1_epi32(st[0])));
-          l = _mm512_sub_epi32(l, _mm512_mullo_epi32(z, _mm512_set1_epi32(st[1])));
+          h = _mm512_sub_epi32(_mm512_slli_epi32(h, shift),
+                               _mm512_mullo_epi32(z, _mm512_set1_epi32(st[0])));
+          l = _mm512_sub_epi32(_mm512_slli_epi32(l, shift),
+                               _mm512_mullo_epi32(z, _mm512_set1_epi32(st[1])));
         } else {
           h = _mm512_sub_epi32(h, _mm512_mullo_epi32(k128, _mm512_set1_epi32(st[0])));
           l = _mm512_sub_epi32(l, _mm512_mullo_epi32(k128, _mm512_set1_epi32(st[1])));
@@ -281,7 +311,33 @@ void gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k, int64_t gr
             _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(h), k256), _mm512_cvtepi32_ps(l)), s);
         _mm512_store_ps(facc[t][j], _mm512_add_ps(_mm512_load_ps(facc[t][j]), v));
       };
-      if (nt == 1) {
+      if (half && nt == 1) {
+        // one token, groups of 32: each block's two groups from one pass over it
+        for (int j = 0; j < nj; ++j)
+          for (int64_t kb = 0; kb < kb_n; ++kb) {
+            const uint8_t* blk = blk0[j] + kb * stride;
+            if (expand)
+              dot_one<kBytes, true>(blk, stride, 1, hi[0], kb * 64, acc, k);
+            else
+              dot_one<kRaw4, true>(blk, stride, 1, hi[0], kb * 64, acc, k);
+            epilogue(0, j, 2 * kb, acc[0], acc[1]);
+            epilogue(0, j, 2 * kb + 1, acc[2], acc[3]);
+          }
+      } else if (half) {
+        // two tokens, groups of 32: one channel block at a time (the split sums of more
+        // would not fit the registers)
+        for (int64_t kb = 0; kb < kb_n; ++kb)
+          for (int j = 0; j < nj; ++j) {
+            const uint8_t* blk = blk0[j] + kb * stride;
+            if (expand)
+              dot<kBytes, 1, 2, true>(&blk, stride, 1, hi, kb * 64, acc, k);
+            else
+              dot<kRaw4, 1, 2, true>(&blk, stride, 1, hi, kb * 64, acc, k);
+            for (int hf = 0; hf < 2; ++hf)
+              for (int t = 0; t < nt; ++t)
+                epilogue(t, j, 2 * kb + hf, acc[(hf * 2 + t) * 2], acc[(hf * 2 + t) * 2 + 1]);
+          }
+      } else if (nt == 1) {
         // one token: block by block, each block's inputs in memory order
         for (int j = 0; j < nj; ++j)
           for (int64_t g = 0; g < g_n; ++g) {

@@ -324,9 +324,10 @@ def int4_w4a16_gemm(
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """x [M, K] @ ((codes - zero) * scale)^T (+ bias) in float32, rounded to x's dtype;
-    `w`, `scale`, `zeros` as quant/methods.pack_int4_w4a16 packs them, unpacked here.
-    As for int8_w8a16_gemm, the kernel's 16-bit activations are not modelled, its
-    8-bit ones are."""
+    `w`, `scale`, `zeros` as quant/methods.pack_int4_w4a16 packs them, unpacked here
+    (groups of 32: (8 codes - zero) * scale, zero points in eighths of a step). As for
+    int8_w8a16_gemm, the kernel's 16-bit activations are not modelled, its 8-bit ones
+    are (never for groups of 32)."""
     nb, k8 = w.shape
     k = k8 // 8
     b = w.view(nb, k // 64, 8, 64)
@@ -334,8 +335,11 @@ def int4_w4a16_gemm(
     g = k // group_size
     s = scale.view(nb, g, 16).permute(0, 2, 1).reshape(nb * 16, g)
     z = zeros.view(nb, g, 16).permute(0, 2, 1).reshape(nb * 16, g)
-    wd = (q.float().view(-1, g, group_size) - z.float()[..., None]) * s.float()[..., None]
-    out = kernel_activations(x) @ wd.view(nb * 16, k).t()
+    steps = 8.0 if group_size == 32 else 1.0
+    qs = q.float().view(-1, g, group_size) * steps
+    wd = (qs - z.float()[..., None]) * s.float()[..., None]
+    xa = x.float() if group_size == 32 else kernel_activations(x)
+    out = xa @ wd.view(nb * 16, k).t()
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype)

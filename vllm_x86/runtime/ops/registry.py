@@ -131,7 +131,8 @@ W4A16 = Kernel(
     ("torch.ops.vllm_x86.int4_w4a16_gemm",),
     _PLUGIN_ISAS,
     f"{_REF}:int4_w4a16_gemm",
-    "the plugin's, groups of 64 and 128: activations as for w8a16",
+    "the plugin's, groups of 32 (zero points in eighths of a step), 64 and 128: "
+    "activations as for w8a16 (groups of 32: 16-bit at every row count)",
     layout="vllm-x86-int4-w4a16-amx-1",
 )
 VLLM_W4A8 = Kernel(
@@ -139,8 +140,8 @@ VLLM_W4A8 = Kernel(
     ("torch.ops._C.int4_scaled_mm_cpu",),
     ("amx",),
     f"{_DEQUANT}:dequantize_int4",
-    "vLLM CPU's AMX W4A8 kernel: groups of 32 (the plugin's takes 64 and 128) or "
-    "VLLM_X86_QUANT_KERNEL=vllm; activations rounded to 8 bits",
+    "vLLM CPU's AMX W4A8 kernel: VLLM_X86_QUANT_KERNEL=vllm (integer zero points); "
+    "activations rounded to 8 bits",
     # the layout vLLM 0.32.0's packer produces (another vLLM may pack differently)
     layout="vllm-cpu-0.32-sgl-int4-awq-amx",
 )
@@ -444,14 +445,14 @@ def int8_kernel() -> str:
 
 
 def int4_kernel(group_size: int) -> str:
-    """The INT4 kernel for a configured group size: "w4a16" (the plugin's; groups of 64
-    and 128), "vllm" (vLLM CPU's AMX W4A8; groups of 32, or on request) or "torch"
-    (neither AMX nor AVX-512 VNNI, groups of 32 without AMX, or on request)."""
+    """The INT4 kernel for a configured group size: "w4a16" (the plugin's; groups of 32,
+    64 and 128), "vllm" (vLLM CPU's AMX W4A8, on request) or "torch" (neither AMX nor
+    AVX-512 VNNI, or vLLM's on request without AMX)."""
     from vllm_x86.runtime import envs
 
     if not plugin_kernels_available():
         return TORCH_W4.name
-    if envs.get("VLLM_X86_QUANT_KERNEL") == "vllm" or group_size < 64:
+    if envs.get("VLLM_X86_QUANT_KERNEL") == "vllm":
         return VLLM_W4A8.name if amx_available() else TORCH_W4.name
     check_plugin_kernels()
     return W4A16.name

@@ -1203,8 +1203,8 @@ LEDGER: tuple[Patch, ...] = (
     Patch(
         name="vllm_cpu_quant_kernels",
         kind="private use",
-        what="with VLLM_X86_QUANT_KERNEL=vllm (and INT4 groups of 32 on AMX) the "
-        "quantized layers call vLLM CPU's AMX W8A8/W4A8 C++ ops directly",
+        what="with VLLM_X86_QUANT_KERNEL=vllm on AMX the quantized layers call vLLM "
+        "CPU's AMX W8A8/W4A8 C++ ops directly",
         why="vLLM reaches these kernels only through its own quantization methods and "
         "checkpoint formats; the plugin calls them on the layers it quantizes, for "
         "comparisons (vllm._custom_ops is a private module)",

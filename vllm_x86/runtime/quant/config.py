@@ -56,6 +56,7 @@ class _X86QuantConfig(QuantizationConfig):
         lm_head: bool | int | str | None = None,
         packed_experts: list[str] | None = None,
         lm_head_codes: str | None = None,
+        int4_grid: str | None = None,
     ) -> None:
         super().__init__()
         group_size, zero_point, lm_head = scope.options(self.BITS, group_size, zero_point, lm_head)
@@ -75,6 +76,9 @@ class _X86QuantConfig(QuantizationConfig):
         # prepacked: the file (relative to the checkpoint) with the LM head's INT4 codes
         # (format version 3); its directory comes with maybe_update_config
         self.lm_head_codes = lm_head_codes
+        # prepacked INT4: "all" where every Linear layer kept its 4-bit grid in groups of
+        # 32 (convert.grid_scan), whatever group_size (the LM head's and experts') says
+        self.int4_grid = int4_grid
         self.model_dir: str | None = None
 
     def __repr__(self) -> str:
@@ -112,6 +116,7 @@ class _X86QuantConfig(QuantizationConfig):
             lm_head=config.get("lm_head") if config.get("prepacked") else None,
             packed_experts=config.get("packed_experts"),
             lm_head_codes=config.get("lm_head_codes") if config.get("prepacked") else None,
+            int4_grid=config.get("int4_grid") if config.get("prepacked") else None,
         )
 
     def maybe_update_config(self, model_name: str, *args, **kwargs) -> None:

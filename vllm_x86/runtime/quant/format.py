@@ -8,6 +8,9 @@ vLLM's parameter names, fused projections whole), plus:
   group_size, zero_point, prepacked: true, layout (the kernels' packing), format_version,
   quantized_layers, and packed_experts (the MoE layers whose routed experts are packed,
   each expert's gate, up and down under its checkpoint names; format version 2);
+  int4_grid (INT4: "all" when every Linear layer kept the 4-bit grid of groups of 32
+  its weights had, stored in groups of 32 whatever group_size says; "none",
+  "partial" or "off" otherwise: convert.grid_scan);
   lm_head (the LM head's bits, 0 for bf16) and lm_head_codes (format version 3: the
   file with its INT4 codes, x86/lm_head.safetensors: qweight [N, K/2] uint8, two codes
   a byte, even columns low; scale [K/g, N] bf16; zero [K/g, N] uint8);
@@ -56,12 +59,10 @@ AGAIN = "quantize the bf16 model again with `vllm-x86 quantize`"
 
 
 def expected_layout(name: str, group_size: int = 128) -> str:
-    """The layout `vllm-x86 quantize` writes (INT4: groups of 32 use vLLM's kernel)."""
-    from vllm_x86.runtime.quant.methods import INT4_LAYOUT, INT4_LAYOUT_VLLM, INT8_LAYOUT
+    """The layout `vllm-x86 quantize` writes (every INT4 group size: the plugin's)."""
+    from vllm_x86.runtime.quant.methods import INT4_LAYOUT, INT8_LAYOUT
 
-    if name == "x86_int4":
-        return INT4_LAYOUT if group_size >= 64 else INT4_LAYOUT_VLLM
-    return INT8_LAYOUT
+    return INT4_LAYOUT if name == "x86_int4" else INT8_LAYOUT
 
 
 def check_config(config: dict[str, Any], name: str) -> None:

@@ -12,11 +12,14 @@ from torch.nn import Module, Parameter
 
 from vllm_x86.runtime.quant import scope
 from vllm_x86.runtime.quant.methods import (
+    _info_once,
     _warn_once,
     check_prepacked_runs,
     effective_group_size,
+    grid_group,
     int4_layout_kernel,
     int4_matmul,
+    int4_rounding_for,
     int8_kernel,
     int8_matmul,
     pack_int8_for,
@@ -263,6 +266,8 @@ class X86Int4Linear(_X86QuantLinearMethod):
 
     def _group(self, layer) -> int:
         n, k = layer.x86_shape
+        if self.config.prepacked and self.config.int4_grid == "all":
+            return 32  # the checkpoint kept the weights' own grid (convert.grid_scan)
         g = effective_group_size(k, self.config.group_size)
         if g != self.config.group_size:
             _warn_once(
@@ -283,10 +288,28 @@ class X86Int4Linear(_X86QuantLinearMethod):
             _packed_param(layer, name, shape, dtype, loader, rows)
 
     def quantize_and_pack(self, layer, w):
-        g = self._group(layer)
-        layer.x86_group = g
         layer.x86_kernel = self._kernel()
-        for name, t in quantize_pack(4, layer.x86_kernel, w, g, self.config.zero_point).items():
+        g = self._group(layer)
+        kept = grid_group(w, g, self.config.zero_point, layer.x86_kernel)
+        if kept != g:
+            _info_once(
+                "grid",
+                "vllm-x86: x86_int4 keeps the 4-bit grid these weights already sit on "
+                "(groups of 32, as in a model dequantized from a 4-bit GGUF) instead of "
+                "rounding them again into groups of %d (VLLM_X86_QUANT_INT4_GRID=0: round "
+                "them again)",
+                g,
+            )
+        layer.x86_group = kept
+        packed = quantize_pack(
+            4,
+            layer.x86_kernel,
+            w,
+            kept,
+            self.config.zero_point,
+            rounding=int4_rounding_for(kept, g),
+        )
+        for name, t in packed.items():
             _set(layer, name, t)
 
     def matmul(self, layer, x, bias):

@@ -14,17 +14,19 @@ keep 16-bit activations at the same speed from 8 rows up (docs/quantization.md):
   instead, which quantizes the activations to 8 bits (faster for batches, less accurate).
 - INT4: groups of `group_size` input channels (128 by default; 32 and 64 allowed), a
   bf16 scale per group and output channel, symmetric (zero point 8) or asymmetric (a
-  zero point per group); kernel `torch.ops.vllm_x86.int4_w4a16_gemm`, the plugin's own
-  (16-bit activations, as for INT8), for groups of 64 and 128; for groups of 32 or with
-  `VLLM_X86_QUANT_KERNEL=vllm`, vLLM CPU's `torch.ops._C.int4_scaled_mm_cpu` (8-bit
-  activations).
+  zero point per group: an integer, or for groups of 32 an eighth of a step); kernel
+  `torch.ops.vllm_x86.int4_w4a16_gemm`, the plugin's own (16-bit activations, as for
+  INT8); with `VLLM_X86_QUANT_KERNEL=vllm`, vLLM CPU's `torch.ops._C.int4_scaled_mm_cpu`
+  (8-bit activations, integer zero points). A Linear weight that already sits on a
+  4-bit grid of groups of 32 (a dequantized GGUF Q4_0/Q4_1/Q4_K) keeps it (grid_group,
+  VLLM_X86_QUANT_INT4_GRID).
 
 Which kernel runs a weight is decided by the op table's quant rows
 (ops/registry.py: weight_kernel, lm_head_kernel, int4_layout_kernel, from what
 hardware.py says the CPU can run), re-exported here. Without AMX the plugin's kernels
 run on AVX-512 VNNI (csrc/vnni_gemm.cpp: the same
-packed weights, bit-identical results; vLLM CPU's kernels need AMX, so groups of 32 and
-VLLM_X86_QUANT_KERNEL=vllm get PyTorch's kernels there). With neither, the methods use
+packed weights, bit-identical results; vLLM CPU's kernels need AMX, so
+VLLM_X86_QUANT_KERNEL=vllm gets PyTorch's kernels there). With neither, the methods use
 PyTorch's weight-only kernels (`aten._weight_int8pack_mm`,
 `aten._weight_int4pack_mm_for_cpu`), fast for one request and slow for batches, and
 say so once at WARNING. Layers whose shapes the kernels do
@@ -57,12 +59,12 @@ from vllm_x86.runtime.quant.groups import effective_group_size  # noqa: F401  (r
 logger = get_logger("quant")
 
 # Packed layouts, recorded in prepacked checkpoints (format.py): the plugin's own
-# (pack_int8_w8a16, pack_int4_w4a16), and for INT4 groups of 32 the one vLLM 0.32.0's
-# converter produces (another vLLM may pack differently, hence the vLLM pin). The op
+# (pack_int8_w8a16, pack_int4_w4a16), and for INT4 on vLLM's kernel (on request) the
+# one vLLM 0.32.0's converter produces (another vLLM may pack differently, hence the vLLM pin). The op
 # table's kernels (ops/registry.py) name them.
 INT8_LAYOUT = registry.W8A16.layout
-INT4_LAYOUT = registry.W4A16.layout  # groups of 64 and 128
-INT4_LAYOUT_VLLM = registry.VLLM_W4A8.layout  # groups of 32
+INT4_LAYOUT = registry.W4A16.layout  # groups of 32, 64 and 128
+INT4_LAYOUT_VLLM = registry.VLLM_W4A8.layout  # VLLM_X86_QUANT_KERNEL=vllm
 
 _warned: set[str] = set()
 
@@ -73,6 +75,12 @@ def _warn_once(key: str, msg: str, *args) -> None:
         logger.warning(msg, *args)
 
 
+def _info_once(key: str, msg: str, *args) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.info(msg, *args)
+
+
 def check_prepacked_runs(kernel: str, what: str, name: str) -> None:
     """Raise with what to do when a prepacked checkpoint's layout (for `kernel`) cannot
     run on this CPU; `what` says what is packed ("this checkpoint is packed"), `name`
@@ -81,7 +89,7 @@ def check_prepacked_runs(kernel: str, what: str, name: str) -> None:
     if kernel == "vllm":
         if not amx_available():
             raise RuntimeError(
-                f"{what} for vLLM's AMX INT4 kernel (groups of 32) and this CPU has "
+                f"{what} for vLLM's AMX INT4 kernel and this CPU has "
                 f"no AMX (or VLLM_X86_QUANT_KERNEL=torch is set); {instead}"
             )
         return
@@ -156,27 +164,45 @@ def int4_rounding(value: str | None = None) -> str:
     return v
 
 
-def _group_err(wg, wt, scale, zero) -> torch.Tensor:
+def _codes(wg, scale, zero, fine: bool) -> torch.Tensor:
+    """Codes 0..15 (float) of the weights `wg` [..., G, g] for `scale`/`zero` [..., G]:
+    round(w / scale) + zero for integer zero points, round(w / scale + zero) for zero
+    points in eighths (the same for integers except at ties; the integer form is kept,
+    so the codes of groups of 64 and 128 stay what they were)."""
+    d = wg / scale[..., None]
+    if fine:
+        return d.add_(zero[..., None]).round_().clamp_(0, 15)
+    return d.round_().add_(zero[..., None]).clamp_(0, 15)
+
+
+def _zeros(lo: torch.Tensor, scale: torch.Tensor, fine: bool) -> torch.Tensor:
+    """The zero point putting `lo` on code 0: an integer 0..15, or in eighths of a step."""
+    z = -lo / scale
+    return (torch.round(z * 8) / 8 if fine else torch.round(z)).clamp(0, 15)
+
+
+def _group_err(wg, wt, scale, zero, fine: bool = False) -> torch.Tensor:
     """Per group, the norm of wt * (w - the weight its code stands for), with
     `scale`/`zero` [..., G]: the search's objective (a norm, not its square: the same
     order, one pass less)."""
-    d = wg / scale[..., None]  # as the codes are made (quantize_int4)
-    d.round_().clamp_(-zero[..., None], 15 - zero[..., None])
-    d.mul_(scale[..., None]).sub_(wg).mul_(wt)
+    d = _codes(wg, scale, zero, fine)  # as the codes are made (quantize_int4)
+    d.sub_(zero[..., None]).mul_(scale[..., None]).sub_(wg).mul_(wt)
     return torch.linalg.vector_norm(d, dim=-1)
 
 
-def _params_minmax(wg: torch.Tensor, zero_point: bool):
+def _params_minmax(wg: torch.Tensor, zero_point: bool, fine: bool = False):
     if zero_point:
         lo = wg.amin(dim=-1).clamp(max=0)
         hi = wg.amax(dim=-1).clamp(min=0)
         scale = _bf16_up((hi - lo) / 15.0)
-        return scale, torch.round(-lo / scale).clamp(0, 15)
+        return scale, _zeros(lo, scale, fine)
     scale = _bf16_up(wg.abs().amax(dim=-1) / 7.0)
     return scale, torch.full_like(scale, 8.0)
 
 
-def _params_search(wg: torch.Tensor, zero_point: bool, power: float = SEARCH_WEIGHT_POWER):
+def _params_search(
+    wg: torch.Tensor, zero_point: bool, power: float = SEARCH_WEIGHT_POWER, fine: bool = False
+):
     """Scale and zero point per group, chosen by the least |w|-weighted squared error
     among a few ranges, the group's min/max range first (so never worse than it in that
     error; ties keep it). With zero points the side of the larger magnitude keeps its
@@ -192,7 +218,7 @@ def _params_search(wg: torch.Tensor, zero_point: bool, power: float = SEARCH_WEI
             lo = torch.where(big_hi, lo0 * a, lo0)
             hi = torch.where(big_hi, hi0, hi0 * a)
             scale = _bf16_up((hi - lo) / 15.0)
-            cands.append((scale, torch.round(-lo / scale).clamp(0, 15)))
+            cands.append((scale, _zeros(lo, scale, fine)))
     else:
         eight = torch.full_like(hi0, 8.0)
         cands = [
@@ -200,9 +226,9 @@ def _params_search(wg: torch.Tensor, zero_point: bool, power: float = SEARCH_WEI
             (_bf16_up(torch.maximum(hi0 / 7.0, -lo0 / 8.0)), eight),
         ]
     best_scale, best_zero = cands[0]
-    best = _group_err(wg, wt, best_scale, best_zero)
+    best = _group_err(wg, wt, best_scale, best_zero, fine)
     for scale, zero in cands[1:]:
-        err = _group_err(wg, wt, scale, zero)
+        err = _group_err(wg, wt, scale, zero, fine)
         better = err < best
         best = torch.where(better, err, best)
         best_scale = torch.where(better, scale, best_scale)
@@ -216,9 +242,14 @@ def quantize_int4(
     zero_point: bool,
     rounding: str | None = None,
     power: float = SEARCH_WEIGHT_POWER,
+    fine: bool | None = None,
 ):
     """Group-wise INT4: (q [N, K] int32 codes 0..15, scale [K/g, N] bf16,
-    zero [K/g, N] int32 0..15). The weight a code stands for is (q - zero) * scale.
+    zero [K/g, N] int32 0..15, or float32 in eighths with `fine`). The weight a code
+    stands for is (q - zero) * scale. `fine` (None: groups of 32, fine_zeros) puts the
+    zero points on eighths of a step, as the plugin's kernel holds them for groups of 32:
+    a group whose weights sit on a grid of 16 steps offset by a fraction of a step (a
+    GGUF Q4_1 or Q4_K block) keeps that grid.
     Symmetric: zero = 8 (codes 0..15 stand for -8..7 scales). Asymmetric: a zero point
     per group. Scales are rounded up to bf16 (the kernel multiplies by bf16 scales;
     rounding down would push the extremes out of range), and codes are clamped to 0..15.
@@ -230,6 +261,8 @@ def quantize_int4(
     and gives). Groups are processed a chunk of rows at a time, all groups of a chunk
     at once."""
     search = int4_rounding(rounding) == "search"
+    if fine is None:
+        fine = fine_zeros(group_size)
     n, k = w.shape
     g = k // group_size
     q = torch.empty(n, k, dtype=torch.int32, device=w.device)  # meta: the reference's plan
@@ -238,15 +271,75 @@ def quantize_int4(
     rows = max(1, _CHUNK_ELEMENTS // k)
     for r in range(0, n, rows):
         wg = w[r : r + rows].float().view(-1, g, group_size)
-        s, z = _params_search(wg, zero_point, power) if search else _params_minmax(wg, zero_point)
+        if search:
+            s, z = _params_search(wg, zero_point, power, fine)
+        else:
+            s, z = _params_minmax(wg, zero_point, fine)
         scale[r : r + rows], zero[r : r + rows] = s, z
-        qc = (torch.round(wg / s[..., None]) + z[..., None]).clamp_(0, 15)
-        q[r : r + rows] = qc.view(-1, k).to(torch.int32)
+        q[r : r + rows] = _codes(wg, s, z, fine).view(-1, k).to(torch.int32)
+    zero = zero.t().contiguous()
     return (
         q,
         scale.t().contiguous().to(torch.bfloat16),
-        zero.t().contiguous().to(torch.int32),
+        zero if fine else zero.to(torch.int32),
     )
+
+
+# A weight is on a 4-bit grid of groups of 32 when rounding it to one (min/max, zero
+# points in eighths) moves it by less than GRID_RATIO of a step (root mean square over the
+# rows checked). A dequantized GGUF Q4_1 weight in bf16 moves by about 0.046 (the zero
+# point's eighths and the scale's bf16 rounding); other weights by 0.16-0.34 (a Q5_0
+# one) or about 0.29 (uniform rounding error), docs/quantization.md.
+GRID_RATIO = 0.1
+# Rows checked per weight (spread evenly): enough to tell, cheap next to quantizing.
+GRID_ROWS = 256
+
+
+def grid_ratio(w: torch.Tensor, rows: int = GRID_ROWS) -> float:
+    """How far rounding `w` [N, K] to 4 bits in groups of 32 (min/max, zero points in
+    eighths) moves it, in steps (root mean square), over up to `rows` of its rows."""
+    n, k = w.shape
+    idx = torch.arange(rows) * (n - 1) // (rows - 1) if n > rows else slice(None)
+    wg = w[idx].float().view(-1, k // 32, 32)
+    s, z = _params_minmax(wg, True, fine=True)
+    err = (_codes(wg, s, z, True) - z[..., None]) * s[..., None] - wg
+    return float(err.pow(2).mean().sqrt() / s.mean().clamp_min(1e-30))
+
+
+def grid_group(w: torch.Tensor, group_size: int, zero_point: bool, kernel: str) -> int:
+    """The group size an INT4 weight `w` [N, K] is stored in: 32 where it already sits on
+    a 4-bit grid of groups of 32 and keeping it is asked for (VLLM_X86_QUANT_INT4_GRID,
+    zero points, a kernel holding zero points in eighths, K a multiple of 64), else
+    `group_size` (the layer's effective group size). A kept grid is rounded by min/max
+    (int4_rounding_for), which lands on it; the search would clip some groups."""
+    n, k = w.shape
+    if group_size == 32 or k % 64 or w.is_meta or not grid_allowed(zero_point, kernel):
+        return group_size  # (a meta weight: a plan's shapes, no values to judge)
+    return 32 if grid_ratio(w) < GRID_RATIO else group_size
+
+
+def grid_allowed(zero_point: bool, kernel: str) -> bool:
+    """Whether a 4-bit grid may be kept (grid_group): VLLM_X86_QUANT_INT4_GRID on, zero
+    points, and a kernel holding zero points in eighths."""
+    from vllm_x86.runtime import envs
+
+    return envs.get_bool("VLLM_X86_QUANT_INT4_GRID") and zero_point and fine_zeros(32, kernel)
+
+
+def int4_rounding_for(group: int, layer_group: int) -> str | None:
+    """The rounding of a weight stored in groups of `group` where its layer's own groups
+    are `layer_group`: "minmax" for a kept grid (grid_group), else None (the setting)."""
+    return "minmax" if group != layer_group else None
+
+
+def fine_zeros(group_size: int, kernel: str | None = None) -> bool:
+    """Whether INT4 groups of `group_size` for `kernel` (None: the one that runs them
+    here, int4_kernel) hold zero points in eighths of a step: groups of 32 on the
+    plugin's kernel (and PyTorch's, whose zero points are floats); vLLM's kernel packs
+    integer zero points."""
+    if group_size != 32:
+        return False
+    return (kernel or int4_kernel(group_size)) != "vllm"
 
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -315,6 +408,10 @@ def pack_int4_w4a16(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
     n, k = q.shape
     t = _vnni_blocks(q.to(torch.uint8))  # B-tile rows r and r + 8 share a byte
     w = (t[:, :, :8] | (t[:, :, 8:] << 4)).contiguous().view(n // 16, 8 * k)
+    if k // scale.shape[0] == 32:
+        # groups of 32: zero points in eighths of a step (0..120), the scale a step / 8
+        z8 = torch.round(zero.float() * 8).clamp(0, 120)
+        return w, _per_block(scale.float() / 8), _per_block(z8.to(torch.uint8))
     return w, _per_block(scale.float()), _per_block(zero.to(torch.uint8))
 
 
@@ -372,6 +469,7 @@ def quantize_pack(
     group: int | None = None,
     zero_point: bool = False,
     power: float = SEARCH_WEIGHT_POWER,
+    rounding: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Quantize a [N, K] weight and pack it for `kernel`: the tensors a quantized layer
     holds, by name (weight, weight_scale and for INT4 weight_zp; for PyTorch's INT4
@@ -380,7 +478,9 @@ def quantize_pack(
     if bits == 8:
         q, scale = quantize_int8(w)
         return {"weight": pack_int8_for(kernel, q), "weight_scale": scale}
-    return pack_int4_for(kernel, *quantize_int4(w, group, zero_point, power=power))
+    fine = fine_zeros(group, kernel)
+    q = quantize_int4(w, group, zero_point, rounding, power=power, fine=fine)
+    return pack_int4_for(kernel, *q)
 
 
 def pack_int4_for(kernel: str, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
@@ -426,7 +526,8 @@ def lm_head_bf16_reason(n: int, k: int, bits: int = 8, group_size: int = 128) ->
         if bits == 8:
             return "INT8 LM head needs the plugin's INT8 kernel (AMX or AVX-512 VNNI)"
         return (
-            "INT4 LM head needs the plugin's INT4 kernel (AMX or AVX-512 VNNI, groups of 64 or 128)"
+            "INT4 LM head needs the plugin's INT4 kernel (AMX or AVX-512 VNNI, not "
+            "VLLM_X86_QUANT_KERNEL=vllm)"
         )
     if bits == 8:
         return int8_shape_problem(n, k, kernel)

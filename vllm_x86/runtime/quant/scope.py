@@ -86,7 +86,7 @@ def plan(
         problem = m.int8_shape_problem(n, k, kernel or "w8a16")
         return Plan(None, reason=problem) if problem else Plan(8)
     if kernel is None:
-        kernel = "w4a16" if group_size >= 64 else "vllm"
+        kernel = "w4a16"
     problem = m.int4_shape_problem(n, k, group_size, kernel)
     if problem:
         return Plan(None, reason=problem)
@@ -103,8 +103,13 @@ def fake_quantize(w, p: Plan, zero_point: bool = True, kind: str = "linear"):
     if p.bits == 8:
         return m.dequantize_int8(*m.quantize_int8(w))
     power = m.HEAD_SEARCH_WEIGHT_POWER if kind == "lm_head" else m.SEARCH_WEIGHT_POWER
-    q, scale, zero = m.quantize_int4(w, p.group, zero_point, power=power)
-    return m.dequantize_int4(q, scale, zero, p.group)
+    group, rounding = p.group, None
+    if kind not in (LM_HEAD, MOE_EXPERTS):
+        # Linear layers keep a 4-bit grid they already sit on (linear.py)
+        group = m.grid_group(w, p.group, zero_point, m.weight_kernel(4, p.group))
+        rounding = m.int4_rounding_for(group, p.group)
+    q, scale, zero = m.quantize_int4(w, group, zero_point, rounding, power=power)
+    return m.dequantize_int4(q, scale, zero, group)
 
 
 # Names of the kinds, for readers that ask by kind (config.layer_kind, fake.py).

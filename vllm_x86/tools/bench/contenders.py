@@ -135,8 +135,8 @@ CONTENDERS: dict[str, Contender] = {
         Contender(
             "plugin-int4",
             "plugin-server",
-            "vllm-x86 quantizing the checkpoint to INT4, group 128, while it loads "
-            "(`--quantization x86_int4`)",
+            "vllm-x86 quantizing the checkpoint to INT4 while it loads (groups of 128, or of 32 "
+            "where the weights already sit on a 4-bit grid; `--quantization x86_int4`)",
             args=("--quantization", "x86_int4"),
         ),
         Contender(
@@ -178,6 +178,15 @@ CONTENDERS: dict[str, Contender] = {
             "vllm-x86 quantizing to INT4 (group 128) while it loads, the LM head to INT4 "
             "too (`--quantization x86_int4`, VLLM_X86_QUANT_LM_HEAD=int4)",
             {"VLLM_X86_QUANT_LM_HEAD": "int4"},
+            args=("--quantization", "x86_int4"),
+        ),
+        Contender(
+            "plugin-int4-head4-regroup",
+            "plugin-server",
+            "plugin-int4-head4 with every Linear layer rounded again into groups of 128 "
+            "(VLLM_X86_QUANT_INT4_GRID=0), even where the weights already sit on a 4-bit "
+            "grid of 32",
+            {"VLLM_X86_QUANT_LM_HEAD": "int4", "VLLM_X86_QUANT_INT4_GRID": "0"},
             args=("--quantization", "x86_int4"),
         ),
         Contender(

@@ -132,6 +132,41 @@ def plan_experts(
     return packed, kept
 
 
+def grid_scan(files, model_type, group_size: int, zero_point: bool, kernel: str) -> str:
+    """Whether the Linear weights of `files` already sit on a 4-bit grid of groups of 32
+    (methods.grid_ratio, as quantizing while loading decides layer by layer): "all",
+    "none", "partial", or "off" (not asked for: methods.grid_allowed). A checkpoint
+    keeps the grid only where every layer has it ("all"): its Linear layers then share
+    groups of 32. Reads GRID_ROWS rows from the middle of each weight."""
+    from safetensors import safe_open
+
+    from vllm_x86.runtime.quant import methods as m
+
+    if not m.grid_allowed(zero_point, kernel):
+        return "off"
+    seen = set()
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            for key in sf.keys():
+                if expert_key(key) is not None:
+                    continue
+                sl = sf.get_slice(key)
+                shape = tuple(sl.get_shape())
+                if len(shape) != 2 or not is_quantizable(key, shape, model_type):
+                    continue
+                n, k = shape
+                if m.int4_shape_problem(n, k, group_size, kernel):
+                    continue
+                mid = max(0, n // 2 - m.GRID_ROWS // 2)
+                rows = sl[mid : mid + m.GRID_ROWS]
+                if not rows.is_floating_point():
+                    continue
+                seen.add(m.grid_ratio(rows) < m.GRID_RATIO)
+                if len(seen) == 2:
+                    return "partial"
+    return "all" if seen == {True} else "none"
+
+
 def _say(progress, msg: str) -> None:
     if progress:
         progress(msg)
@@ -281,6 +316,23 @@ def _quantize_checkpoint(
     except RuntimeError as e:
         raise ConvertError(str(e)) from None
 
+    grid = grid_scan(files, model_type, group_size, zero_point, kernel) if bits == 4 else "off"
+    if grid == "all":
+        _say(
+            progress,
+            "the Linear weights already sit on a 4-bit grid (groups of 32, as in a model "
+            "dequantized from a 4-bit GGUF): they are kept on it, in groups of 32"
+            + ("; no calibration needed (GPTQ skipped)" if method == "gptq" else "")
+            + " (VLLM_X86_QUANT_INT4_GRID=0: round them again)",
+        )
+        method = "rtn"
+    elif grid == "partial":
+        _say(
+            progress,
+            "some Linear weights sit on a 4-bit grid of groups of 32 and some do not: all "
+            f"are rounded into groups of {group_size} (quantizing while loading keeps the "
+            "grid layer by layer instead)",
+        )
     head_group = None
     if head_bits == 4 and method == "gptq":
         text = config.get("text_config") or config
@@ -365,7 +417,7 @@ def _quantize_checkpoint(
                     tensors[key] = m.pack_int8_w8a16(q)
                     tensors[module + ".weight_scale"] = scale
                 else:
-                    g = m.effective_group_size(k, group_size)
+                    g = 32 if grid == "all" else m.effective_group_size(k, group_size)
                     if method == "gptq":
                         c = codes.pop(module, None)
                         if c is None:
@@ -376,7 +428,7 @@ def _quantize_checkpoint(
                             )
                         r = c.unpack()
                     else:
-                        r = m.quantize_int4(t, g, zero_point)
+                        r = m.quantize_int4(t, g, zero_point, "minmax" if grid == "all" else None)
                     if kernel == "w4a16":
                         bw, bs, bz = m.pack_int4_w4a16(*r)
                     else:
@@ -455,6 +507,10 @@ def _quantize_checkpoint(
             if bits == 4 and method == "rtn"
             else {}
         ),
+        # a 4-bit grid of groups of 32 the Linear weights already had (grid_scan): "all"
+        # (kept: every Linear layer in groups of 32, whatever group_size says), "none",
+        # "partial" (rounded again into group_size), "off" (not asked for)
+        **({"int4_grid": grid} if bits == 4 else {}),
         "prepacked": True,
         "layout": layout,
         "format_version": qformat.HEAD_CODES_VERSION
@@ -505,7 +561,9 @@ def _quantize_checkpoint(
     tmp.rename(out)
     out_bytes = sum(v["bytes"] for v in manifest["files"].values())
     how = (
-        "GPTQ, calibrated"
+        "the weights' own 4-bit grid kept, groups of 32"
+        if grid == "all"
+        else "GPTQ, calibrated"
         if method == "gptq"
         else f"no calibration, groups rounded by {config['quantization_config']['rounding']}"
         if bits == 4

@@ -15,7 +15,10 @@ says so. A prepacked directory is used only when
   group size and zero points (VLLM_X86_QUANT_GROUP_SIZE, VLLM_X86_QUANT_ZERO_POINT) and
   the LM head's precision (VLLM_X86_QUANT_LM_HEAD);
 - it is at least as good as quantizing again: GPTQ (calibrated), or INT4 rounded the
-  way the server would round it (VLLM_X86_QUANT_INT4_ROUNDING; INT8 has one rounding).
+  way the server would round it (VLLM_X86_QUANT_INT4_ROUNDING; INT8 has one rounding);
+  with VLLM_X86_QUANT_INT4_GRID on, written under it too (quantization_config's
+  int4_grid: "all", every Linear layer kept on the 4-bit grid it had, or "none", no
+  layer had one), since a checkpoint rounded again would lose what the server keeps.
 
 Among several, GPTQ first, then the newest. VLLM_X86_USE_PREPACKED=0 turns it off.
 A small file of our own because nothing in vLLM or the Hugging Face cache records
@@ -78,12 +81,18 @@ def record(model_dir, out_dir) -> str | None:
 def wanted(bits: int) -> dict:
     """The settings `--quantization x86_int{bits}` would quantize with while loading
     (scope.options and methods.int4_rounding read them as the server does)."""
+    from vllm_x86.runtime import envs
     from vllm_x86.runtime.quant import methods, scope
 
     group_size, zero_point, head = scope.options(bits)
     out = {"bits": bits, "lm_head": head}
     if bits == 4:
-        out.update(group_size=group_size, zero_point=zero_point, rounding=methods.int4_rounding())
+        out.update(
+            group_size=group_size,
+            zero_point=zero_point,
+            rounding=methods.int4_rounding(),
+            grid=envs.get_bool("VLLM_X86_QUANT_INT4_GRID"),
+        )
     return out
 
 
@@ -98,6 +107,16 @@ def _matches(qc: dict, want: dict) -> bool:
         qc.get("group_size") != want["group_size"]
         or bool(qc.get("zero_point")) != (want["zero_point"])
     ):
+        return False
+    # the 4-bit grid rule as the server would apply it (convert.grid_scan): a checkpoint
+    # written before it ("int4_grid" missing) or with the other setting rounds otherwise
+    grid = qc.get("int4_grid")
+    if want["grid"] and want["zero_point"]:
+        if grid == "all":
+            return True  # every Linear layer on its own grid: the rounding is moot
+        if grid != "none":
+            return False
+    elif grid not in ("off", "none", "partial"):
         return False
     method = qc.get("method")
     return method == "gptq" or (method == "rtn" and qc.get("rounding") == want["rounding"])
