@@ -76,10 +76,10 @@ engines.append(("bfloat16", "fused-layer", None, True))
 for dtype, name, ops, eager in engines:
     key = dtype + "-" + name
     os.environ["VLLM_X86_DIRECT_ATTENTION"] = "0" if name == "fused-layer" else "1"
-    # bf16 compares the plugin's direct call with vLLM's layer, both on vLLM's kernels (the
-    # plugin's decode kernel keeps float32 probabilities where vLLM's AMX kernel rounds
-    # them); fp32 runs the plugin's decode kernel (opt-in)
-    os.environ["VLLM_X86_DECODE_ATTENTION"] = "0" if dtype == "bfloat16" else "1"
+    # the plugin's decode kernel (the default) wherever the direct call runs: in bf16 it
+    # rounds the probabilities as vLLM's AMX kernel does, so the direct call gives vLLM's
+    # layer's tokens
+    os.environ["VLLM_X86_DECODE_ATTENTION"] = "1"
     print(mark + key, flush=True)
     kw = {"compilation_config": {"custom_ops": ops.split(",")}} if ops else {}
     llm = LLM(model, dtype=dtype, enforce_eager=eager, max_model_len=1024, seed=0, **kw)
@@ -151,16 +151,14 @@ def test_fused_attention_runs_inside_a_compiled_graph(tiny_qwen3, runs):
 
 
 def test_decode_attention_kernel_gives_the_reference_tokens(tiny_qwen3, runs):
-    """With VLLM_X86_DECODE_ATTENTION=1 (the fp32 engines set it) decode steps run the
-    plugin's decode_attention kernel (ops/attention.py): in fp32, eager and compiled, the
-    greedy tokens are transformers'."""
-    for key in ("float32-fused", "float32-compiled"):
+    """With VLLM_X86_DECODE_ATTENTION=1 (the default) decode steps run the plugin's
+    decode_attention kernel (ops/attention.py): in fp32, eager and compiled, the greedy
+    tokens are transformers'; in bf16 (test_direct_attention_equals_vllm_layer) vLLM's
+    layer's."""
+    for key in ("float32-fused", "float32-compiled", "bfloat16-fused"):
         assert "decode attention runs the plugin's kernel" in runs[key]["log"], key
+    for key in ("float32-fused", "float32-compiled"):
         assert runs[key]["token_ids"] == transformers_greedy(tiny_qwen3, IDS)
-    assert (
-        "decode attention stays on vLLM's kernels: VLLM_X86_DECODE_ATTENTION=0"
-        in (runs["bfloat16-fused"]["log"])
-    )
 
 
 def test_direct_attention_equals_vllm_layer(runs):

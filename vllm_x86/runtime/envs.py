@@ -77,14 +77,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "VLLM_X86_DECODE_ATTENTION",
-        "0",
-        "1 (opt-in): with VLLM_X86_DIRECT_ATTENTION, decode steps (one new token per "
-        "sequence) with little attention work write the KV cache and attend in one plugin "
-        "kernel (torch.ops.vllm_x86.decode_attention, float32 inside) instead of vLLM CPU's "
-        "two kernels; larger ones, prefill and layers it does not take (ALiBi, sliding "
-        "window, soft cap) keep vLLM's. Off by default: served in compiled mode, a tiny "
-        "Qwen3-MoE model's greedy tokens parted from eager mode's with it on (kernels.md). "
-        "0: vLLM's kernels always.",
+        "1",
+        "1: with VLLM_X86_DIRECT_ATTENTION, decode steps (one new token per sequence) "
+        "with little attention work write the KV cache and attend in one plugin kernel "
+        "(torch.ops.vllm_x86.decode_attention, float32 inside; in vLLM's amx cache layout "
+        "the probabilities rounded to bf16 as vLLM's AMX kernel rounds them, so its output "
+        "is vLLM's bit for bit) instead of vLLM CPU's two kernels; larger ones, prefill and "
+        "layers it does not take (ALiBi, sliding window, soft cap) keep vLLM's. 0: vLLM's "
+        "kernels always.",
     ),
     Setting(
         "VLLM_X86_QUANT_GROUP_SIZE",

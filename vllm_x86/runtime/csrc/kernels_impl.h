@@ -801,6 +801,22 @@ void decode_attention_items(int layout, const void* q_, int64_t qs, const void* 
 #if defined(VX_AVX512)
         if constexpr (std::is_same<E, BF16>::value) {
           const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+          // vLLM's AMX kernel multiplies V by the probabilities rounded to bf16 (before
+          // the division by their float32 sum): round them the same way (to nearest
+          // even; they are finite and positive), so the output equals its bit for bit
+          const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+          int64_t i = 0;
+          for (; i + 16 <= L; i += 16) {
+            __m512i u = _mm512_castps_si512(_mm512_loadu_ps(sg + i));
+            u = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+            _mm512_storeu_ps(sg + i, _mm512_castsi512_ps(_mm512_and_si512(u, hi)));
+          }
+          for (; i < L; ++i) {
+            uint32_t u;
+            __builtin_memcpy(&u, sg + i, 4);
+            u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+            __builtin_memcpy(sg + i, &u, 4);
+          }
           for (int64_t d0 = 0; d0 < hd / 16; d0 += 4) {
             const int cn = static_cast<int>(hd / 16 - d0 < 4 ? hd / 16 - d0 : 4);
             vf a[4] = {v_zero(), v_zero(), v_zero(), v_zero()};

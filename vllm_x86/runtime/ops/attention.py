@@ -14,8 +14,7 @@ same two kernels with the same arguments from one place, the cache views compute
 - inside a compiled graph, through one opaque op, ``torch.ops.vllm_x86.attention``
   (its schema and fake in ops/schemas.py), instead of vLLM's two.
 
-With VLLM_X86_DECODE_ATTENTION=1 (opt-in: kernels.md says why it is off by default),
-decode steps (every sequence brings one new token) with little attention work go
+With VLLM_X86_DECODE_ATTENTION=1 (the default), decode steps (every sequence brings one new token) with little attention work go
 further: one C++ op, ``torch.ops.vllm_x86.decode_attention``, writes the new keys and
 values into vLLM's paged cache in the layout vLLM's attention ISA uses and attends in
 float32 (reference: ops/reference.decode_attention; tests/unit/test_decode_attention.py

@@ -236,7 +236,9 @@ def decode_attention(
     cpu_attn_reshape_and_cache), then each query head attends, causally, to the
     sequence's seq_lens[s] cached tokens (blocks block_table[s]): softmax(scale q K^T) V
     in float32, rounded once to the output's dtype. Query head h reads KV head
-    h // (heads / kv_heads)."""
+    h // (heads / kv_heads). In vLLM's amx layout (bf16) the probabilities multiply V
+    rounded to bf16, before the division by their float32 sum, as vLLM's AMX kernel
+    does."""
     blocks, kvh, bs, two_hd = kv_cache.shape
     hd = two_hd // 2
     koff, voff = kv_cache_offsets(layout, bs, hd)
@@ -258,7 +260,9 @@ def decode_attention(
         v = rows.gather(2, voff[tok % bs][:, None, :].expand(length, kvh, hd)).float()
         q = query[s].float().view(kvh, g, hd)
         scores = torch.einsum("hgd,lhd->hgl", q, k) * scale
-        o = torch.einsum("hgl,lhd->hgd", scores.softmax(-1), v)
+        e = (scores - scores.amax(-1, keepdim=True)).exp()
+        p = e.bfloat16().float() if layout == 1 and kv_cache.dtype == torch.bfloat16 else e
+        o = torch.einsum("hgl,lhd->hgd", p, v) / e.sum(-1, keepdim=True)
         out[s].copy_(o.reshape(-1).to(out.dtype))
 
 

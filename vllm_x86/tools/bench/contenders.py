@@ -197,11 +197,11 @@ CONTENDERS: dict[str, Contender] = {
             {"GOMP_SPINCOUNT": "300000"},
         ),
         Contender(
-            "plugin-decode-attention",
+            "plugin-vllm-decode-attention",
             "plugin-server",
-            "vllm-x86 with the plugin's decode attention kernel (VLLM_X86_DECODE_ATTENTION=1; "
-            "opt-in, kernels.md)",
-            {"VLLM_X86_DECODE_ATTENTION": "1"},
+            "vllm-x86 with vLLM CPU's two attention kernels in decode steps instead of the "
+            "plugin's one (VLLM_X86_DECODE_ATTENTION=0; kernels.md)",
+            {"VLLM_X86_DECODE_ATTENTION": "0"},
         ),
         Contender(
             "plugin-int4-head-spin",
