@@ -324,29 +324,18 @@ void gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k, int64_t gr
             epilogue(0, j, 2 * kb + 1, acc[2], acc[3]);
           }
       } else if (half) {
-        // two tokens, groups of 32: two channel blocks at a time (the split sums of more
+        // two tokens, groups of 32: one channel block at a time (the split sums of more
         // would not fit the registers)
         for (int64_t kb = 0; kb < kb_n; ++kb)
-          for (int j0 = 0; j0 < nj; j0 += 2) {
-            const int jn = nj - j0 < 2 ? nj - j0 : 2;
-            const uint8_t* blk[2] = {blk0[j0] + kb * stride,
-                                     jn == 2 ? blk0[j0 + 1] + kb * stride : nullptr};
-            if (jn == 2) {
-              if (expand)
-                dot<kBytes, 2, 2, true>(blk, stride, 1, hi, kb * 64, acc, k);
-              else
-                dot<kRaw4, 2, 2, true>(blk, stride, 1, hi, kb * 64, acc, k);
-            } else if (expand) {
-              dot<kBytes, 1, 2, true>(blk, stride, 1, hi, kb * 64, acc, k);
-            } else {
-              dot<kRaw4, 1, 2, true>(blk, stride, 1, hi, kb * 64, acc, k);
-            }
-            for (int jj = 0; jj < jn; ++jj)
-              for (int hf = 0; hf < 2; ++hf)
-                for (int t = 0; t < nt; ++t) {
-                  const int i = ((hf * 2 + t) * jn + jj) * 2;
-                  epilogue(t, j0 + jj, 2 * kb + hf, acc[i], acc[i + 1]);
-                }
+          for (int j = 0; j < nj; ++j) {
+            const uint8_t* blk = blk0[j] + kb * stride;
+            if (expand)
+              dot<kBytes, 1, 2, true>(&blk, stride, 1, hi, kb * 64, acc, k);
+            else
+              dot<kRaw4, 1, 2, true>(&blk, stride, 1, hi, kb * 64, acc, k);
+            for (int hf = 0; hf < 2; ++hf)
+              for (int t = 0; t < nt; ++t)
+                epilogue(t, j, 2 * kb + hf, acc[(hf * 2 + t) * 2], acc[(hf * 2 + t) * 2 + 1]);
           }
       } else if (nt == 1) {
         // one token: block by block, each block's inputs in memory order
