@@ -170,6 +170,35 @@ def test_roofline_counts_the_lm_head_and_not_the_embedding_lookup(tmp_path):
     assert roofline_tok_s(2_000_000_000, 20.0) == pytest.approx(10.0)
 
 
+def test_roofline_counts_groups_of_32_where_int4_keeps_a_grid(tmp_path):
+    """x86_int4 keeps a Linear weight already on a 4-bit grid in groups of 32 (5.25 bits
+    a weight): the roofline counts those bytes, and the configured groups with the grid
+    rule off (VLLM_X86_QUANT_INT4_GRID=0 in a contender's environment)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tests.helpers.grid_model import q4_1
+    from vllm_x86.tools.bench.roofline import hf_weight_bytes_per_token
+
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(64, 128, generator=g) * 0.05).bfloat16()
+    save_file(
+        {
+            "model.embed_tokens.weight": torch.zeros(100, 128, dtype=torch.bfloat16),
+            "model.layers.0.mlp.up_proj.weight": q4_1(w),
+            "model.layers.0.mlp.down_proj.weight": w.t().contiguous(),
+        },
+        str(tmp_path / "model.safetensors"),
+    )
+    embed = 100 * 128 * 2
+    r = hf_weight_bytes_per_token(tmp_path, "bfloat16", "x86_int4")
+    assert r["grid_layers"] == 1
+    assert r["bytes_per_token"] == embed + 64 * 128 * (0.5 + 5 / 32) + 128 * 64 * (0.5 + 5 / 64)
+    r = hf_weight_bytes_per_token(tmp_path, "bfloat16", "x86_int4", grid=False)
+    assert "grid_layers" not in r
+    assert r["bytes_per_token"] == embed + 64 * 128 * (0.5 + 5 / 128) + 128 * 64 * (0.5 + 5 / 64)
+
+
 def test_roofline_of_a_quantized_checkpoint_counts_what_it_stores(tmp_path):
     """A prepacked INT4 directory: packed codes, float32 scales and zero points as
     stored, norms in the run dtype, the plugin's LM-head codes instead of the tied

@@ -265,7 +265,14 @@ def _weights(contenders: list[Contender], model_dir: Path, dtype: str, gguf: Pat
         if c.is_server:
             quant = c.quantization
             head = scope.lm_head_bits(c.env.get("VLLM_X86_QUANT_LM_HEAD")) if quant else 0
-            hf = hf_weight_bytes_per_token(model_dir, dtype, quant, lm_head_bits=head)
+            grid = c.env.get("VLLM_X86_QUANT_INT4_GRID", "1").strip().lower()
+            hf = hf_weight_bytes_per_token(
+                model_dir,
+                dtype,
+                quant,
+                lm_head_bits=head,
+                grid=grid not in ("0", "false", "no", "off"),
+            )
             if hf.get("stored_quantized"):
                 what = f"{hf['quantization']} checkpoint as stored, other weights {dtype}"
             else:
@@ -273,6 +280,8 @@ def _weights(contenders: list[Contender], model_dir: Path, dtype: str, gguf: Pat
                 what = f"{dtype} weights, {tied} embeddings"
             if quant:
                 what += f", decoder linears {quant}"
+            if hf.get("grid_layers"):
+                what += f" ({hf['grid_layers']} on their own 4-bit grid: groups of 32)"
             if hf.get("lm_head"):
                 what += f", LM head {hf['lm_head']}"
             out[c.name] = {**hf, "what": what}

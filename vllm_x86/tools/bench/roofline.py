@@ -63,16 +63,48 @@ def _is_quantized_linear(name: str, shape: list[int]) -> bool:
     return ".layers." in name and name.endswith(".weight") and len(shape) == 2
 
 
+def _grid_layers(model_dir: Path, names: list[str], shapes: dict[str, list[int]]) -> set[str]:
+    """The weights among `names` that x86_int4 keeps on their own 4-bit grid in groups
+    of 32 while loading (methods.grid_ratio, on GRID_ROWS rows from each weight's
+    middle, as the converter reads them)."""
+    from safetensors import safe_open
+
+    from vllm_x86.runtime.quant import methods as m
+
+    kept: set[str] = set()
+    names = [n for n in names if shapes[n][1] % 64 == 0]  # the rule's K
+    if not names:
+        return kept
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as sf:
+            for key in sf.keys():
+                if key not in names:
+                    continue
+                sl = sf.get_slice(key)
+                n, k = sl.get_shape()
+                if k % 64:
+                    continue
+                mid = max(0, n // 2 - m.GRID_ROWS // 2)  # as convert.grid_scan reads
+                w = sl[mid : mid + m.GRID_ROWS]
+                if w.is_floating_point() and m.grid_ratio(w) < m.GRID_RATIO:
+                    kept.add(key)
+    return kept
+
+
 def hf_weight_bytes_per_token(
     model_dir: str | Path,
     dtype: str,
     quant: str | None = None,
     group: int = 128,
     lm_head_bits: int = 0,
+    grid: bool = True,
 ) -> dict:
     """Bytes of weights one decoded token reads, for a HF directory run in `dtype`
-    (and, with `quant`, its decoder Linear layers quantized by the plugin; with
-    `lm_head_bits` 8 or 4, the LM head in INT8 or INT4 too: VLLM_X86_QUANT_LM_HEAD).
+    (and, with `quant`, its decoder Linear layers quantized by the plugin, INT4 in the
+    groups each layer gets: `group` or the smaller one its input size takes, or with
+    `grid` (VLLM_X86_QUANT_INT4_GRID) groups of 32 where the weights already sit on a
+    4-bit grid; with `lm_head_bits` 8 or 4, the LM head in INT8 or INT4 too:
+    VLLM_X86_QUANT_LM_HEAD).
     A checkpoint that is quantized already (a `quantization_config` in config.json:
     the plugin's prepacked directories, GPTQ, AWQ) is counted as stored
     (quantized_checkpoint_bytes)."""
@@ -86,17 +118,27 @@ def hf_weight_bytes_per_token(
     untied = any(n in numels for n in LM_HEAD_NAMES)
     read = total - embed if untied else total
     nbytes = read * DTYPE_BYTES[dtype]
+    kept: set[str] = set()
     if quant:
-        for n, s in shapes.items():
-            if _is_quantized_linear(n, s):
-                q = quant_bytes_per_weight(quant, s[1], group)
-                nbytes += round(numels[n] * (q - DTYPE_BYTES[dtype]))
+        from vllm_x86.runtime.quant.groups import effective_group_size
+
+        linears = [n for n, s in shapes.items() if _is_quantized_linear(n, s)]
+        if quant == "x86_int4" and grid:
+            kept = _grid_layers(Path(model_dir), linears, shapes)
+        for n in linears:
+            k = shapes[n][1]
+            g = 32 if n in kept else effective_group_size(k, group) or group
+            q = quant_bytes_per_weight(quant, k, g)
+            nbytes += round(numels[n] * (q - DTYPE_BYTES[dtype]))
     head_method = {8: "x86_int8", 4: "x86_int4"}.get(lm_head_bits)
     if head_method:
         head = next((n for n in LM_HEAD_NAMES if n in shapes), None) if untied else None
         head = head or next((n for n in EMBED_NAMES if n in shapes), None)
         if head is not None:
-            q = quant_bytes_per_weight(head_method, shapes[head][1], group)
+            from vllm_x86.runtime.quant.groups import effective_group_size
+
+            k = shapes[head][1]
+            q = quant_bytes_per_weight(head_method, k, effective_group_size(k, group) or group)
             nbytes += round(numels[head] * (q - DTYPE_BYTES[dtype]))
     out = {
         "params": total,
@@ -107,6 +149,8 @@ def hf_weight_bytes_per_token(
     }
     if quant:
         out["quantization"] = quant
+    if kept:
+        out["grid_layers"] = len(kept)
     if head_method:
         out["lm_head"] = head_method
     return out
