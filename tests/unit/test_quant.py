@@ -151,7 +151,7 @@ def test_vnni_kernels_equal_the_amx_kernels_bit_for_bit(rows):
     if rows > 2:
         x[1] = 0
         x[2, 7] = float("nan")
-    bias = torch.randn(n)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(n + 1))  # order-independent
     p8 = m.pack_int8_w8a16(m.quantize_int8(w)[0]), m.quantize_int8(w)[1]
     outs = {}
     try:
@@ -230,7 +230,7 @@ def test_quantized_kernels_on_ragged_channel_blocks(n, rows):
     m.check_plugin_kernels()
     k = 256
     w, x = _data(n, k, rows, seed=n + rows)
-    bias = torch.randn(n)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(n + 1))  # order-independent
     for y, ref in zip(_int_ops(x, w, bias), _int_refs(x, w, bias), strict=True):
         assert _rel(y, ref.float()) < 5e-3
 
@@ -265,11 +265,13 @@ def test_a8_kernels_match_their_reference(vnni_a8, n, rows):
     k = 1024
     w, x = _data(n, k, rows, seed=n * rows)
     x[0, 5] = 60.0
-    bias = torch.randn(n)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(n + 1))  # order-independent
     assert reference.takes_a8(rows)
     for y, ref in zip(_int_ops(x, w, bias), _int_refs(x, w, bias), strict=True):
         assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
-        assert _rel(y, ref.float()) < 3e-3
+        # both rounded to bf16: where they round apart, one unit in the last place (2^-8
+        # relative); 16 channels x 4 rows measured up to 3.4e-3 over 30 biases
+        assert _rel(y, ref.float()) < 4e-3
     q, scale = m.quantize_int8(w)
     exact = x.float() @ m.dequantize_int8(q, scale).t() + bias
     assert _rel(_int_ops(x, w, bias)[0], exact) < 2e-2
@@ -287,7 +289,7 @@ def test_a8_kernels_on_one_row(vnni_a8, n):
     C.set_quant_a8_rows(1)
     w, x = _data(n, 1024, 1, seed=n)
     x[0, 5] = 60.0
-    bias = torch.randn(n)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(n + 1))  # order-independent
     assert reference.takes_a8(1)
     for y, ref in zip(_int_ops(x, w, bias), _int_refs(x, w, bias), strict=True):
         assert y.dtype == torch.bfloat16 and y.shape == (1, n)
@@ -535,7 +537,7 @@ def test_int4_w4a16_kernel_against_its_reference(n, k, group, rows):
     w, x = _data(n, k, rows)
     x[-1, 3] = -50.0
     packed = m.pack_int4_w4a16(*m.quantize_int4(w, group, True))
-    bias = torch.randn(n)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(n + 1))  # order-independent
     y = torch.ops.vllm_x86.int4_w4a16_gemm(x, *packed, group, bias)
     ref = reference.int4_w4a16_gemm(x, *packed, group, bias)
     assert _rel(y, ref.float()) < 5e-3
