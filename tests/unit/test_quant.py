@@ -460,22 +460,6 @@ def test_int4_layer_keeps_a_4bit_grid(monkeypatch):
 
 
 @needs_quant_kernels
-@pytest.mark.skipif(not AMX, reason="vLLM's INT4 kernel needs AMX")
-def test_int4_groups_of_32_on_vllms_kernel_on_request(monkeypatch):
-    """VLLM_X86_QUANT_KERNEL=vllm: groups of 32 on vLLM's W4A8 kernel, integer zero points
-    (its packing holds no eighths), 8-bit activations."""
-    monkeypatch.setenv("VLLM_X86_QUANT_KERNEL", "vllm")
-    w, x = _data(512, 512, 3)
-    cfg = _Cfg(32, True)
-    layer = _layer(w, lin.X86Int4Linear(cfg))
-    assert layer.x86_kernel == "vllm"
-    y = lin.X86Int4Linear(cfg).matmul(layer, x, None)
-    q, s, z = m.quantize_int4(w, 32, True, fine=False)
-    assert z.dtype == torch.int32
-    assert _rel(y, _act_quant(x) @ m.dequantize_int4(q, s, z, 32).t()) < 5e-3
-
-
-@needs_quant_kernels
 @pytest.mark.parametrize("rows", [1, 8])
 @pytest.mark.parametrize("bits,group,zero_point", [(8, 128, False), (4, 128, True), (4, 64, False)])
 def test_lm_head_method_matches_reference(bits, group, zero_point, rows):
@@ -544,15 +528,19 @@ def test_int4_w4a16_kernel_against_its_reference(n, k, group, rows):
 
 
 @needs_amx
-def test_int4_vllm_kernel_on_request(monkeypatch):
+@pytest.mark.parametrize("group", [128, 32])
+def test_int4_vllm_kernel_on_request(monkeypatch, group):
+    """VLLM_X86_QUANT_KERNEL=vllm: vLLM's W4A8 kernel, 8-bit activations; groups of 32
+    with integer zero points there (its packing holds no eighths)."""
     monkeypatch.setenv("VLLM_X86_QUANT_KERNEL", "vllm")
     w, x = _data(1024, 1024, 8)
-    cfg = _Cfg(128, True)
+    cfg = _Cfg(group, True)
     layer = _layer(w, lin.X86Int4Linear(cfg))
     assert layer.x86_kernel == "vllm"
     y = lin.X86Int4Linear(cfg).matmul(layer, x, None)
-    wd = m.dequantize_int4(*m.quantize_int4(w, 128, True), 128)
-    assert _rel(y, _act_quant(x) @ wd.t()) < 5e-3
+    q, s, z = m.quantize_int4(w, group, True, fine=False)
+    assert z.dtype == torch.int32
+    assert _rel(y, _act_quant(x) @ m.dequantize_int4(q, s, z, group).t()) < 5e-3
 
 
 @pytest.mark.parametrize("rows", ROWS)

@@ -69,7 +69,7 @@ def _grid_layers(model_dir: Path, names: list[str], shapes: dict[str, list[int]]
     middle, as the converter reads them)."""
     from safetensors import safe_open
 
-    from vllm_x86.runtime.quant import methods as m
+    from vllm_x86.tools.quantize.convert import on_grid
 
     kept: set[str] = set()
     names = [n for n in names if shapes[n][1] % 64 == 0]  # the rule's K
@@ -81,12 +81,7 @@ def _grid_layers(model_dir: Path, names: list[str], shapes: dict[str, list[int]]
                 if key not in names:
                     continue
                 sl = sf.get_slice(key)
-                n, k = sl.get_shape()
-                if k % 64:
-                    continue
-                mid = max(0, n // 2 - m.GRID_ROWS // 2)  # as convert.grid_scan reads
-                w = sl[mid : mid + m.GRID_ROWS]
-                if w.is_floating_point() and m.grid_ratio(w) < m.GRID_RATIO:
+                if on_grid(sl, sl.get_shape()[0]):
                     kept.add(key)
     return kept
 

@@ -132,6 +132,19 @@ def plan_experts(
     return packed, kept
 
 
+def on_grid(sl, n: int) -> bool | None:
+    """Whether the stored weight behind safetensors slice `sl` ([n, K]) sits on a 4-bit
+    grid of groups of 32 (methods.grid_ratio on GRID_ROWS rows from its middle); None
+    for a weight that is not floating point."""
+    from vllm_x86.runtime.quant import methods as m
+
+    mid = max(0, n // 2 - m.GRID_ROWS // 2)
+    rows = sl[mid : mid + m.GRID_ROWS]
+    if not rows.is_floating_point():
+        return None
+    return m.grid_ratio(rows) < m.GRID_RATIO
+
+
 def grid_scan(files, model_type, group_size: int, zero_point: bool, kernel: str) -> str:
     """Whether the Linear weights of `files` already sit on a 4-bit grid of groups of 32
     (methods.grid_ratio, as quantizing while loading decides layer by layer): "all",
@@ -157,11 +170,10 @@ def grid_scan(files, model_type, group_size: int, zero_point: bool, kernel: str)
                 n, k = shape
                 if m.int4_shape_problem(n, k, group_size, kernel):
                     continue
-                mid = max(0, n // 2 - m.GRID_ROWS // 2)
-                rows = sl[mid : mid + m.GRID_ROWS]
-                if not rows.is_floating_point():
+                kept = on_grid(sl, n)
+                if kept is None:
                     continue
-                seen.add(m.grid_ratio(rows) < m.GRID_RATIO)
+                seen.add(kept)
                 if len(seen) == 2:
                     return "partial"
     return "all" if seen == {True} else "none"
