@@ -146,6 +146,23 @@ class X86Platform(CpuPlatform):
     def get_device_name(cls, device_id: int = 0) -> str:
         return "cpu"
 
+    _triton_overrides_registered = False
+
+    @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        """vLLM CPU's C++ stand-ins for its Triton kernels, registered once per process
+        *tree*. vLLM's registration rebinds every module attribute that holds one of
+        those kernels, in one scan over every attribute of every module in sys.modules:
+        0.3-0.45 s in a worker forked from the standby daemon, which has imported much.
+        The daemon registers them before it forks (tools/daemon/server.py), and the
+        processes it forks inherit the rebound modules, so they skip the scan (ledger:
+        triton_kernel_overrides_once). A spawned process starts with the flag unset
+        and registers as vLLM does."""
+        if cls._triton_overrides_registered:
+            return
+        super().register_triton_kernel_overrides()
+        X86Platform._triton_overrides_registered = True
+
     @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:
         return hardware.memory_info().total

@@ -82,6 +82,14 @@ class X86Worker(CPUWorker):
         self.parallel_config.disable_custom_all_reduce = True
 
     def init_device(self) -> None:
+        from vllm.config import CompilationMode
+
+        if self.vllm_config.compilation_config.mode != CompilationMode.NONE:
+            # Before the threads are pinned: the checks' thread and subprocesses may use
+            # the other cores while the weights load (startup/inductor_checks.py).
+            from vllm_x86.runtime.startup import inductor_checks
+
+            inductor_checks.start()
         if self.parallel_config.distributed_executor_backend == "uni":
             _pin_threads_in_engine(self.vllm_config, self.local_rank)
         elif os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "fork":
@@ -146,6 +154,9 @@ class X86Worker(CPUWorker):
         # CPUWorker's steps with the plugin's memory source and warm-ups (ledger:
         # x86_worker_available_memory)
         if self._should_warm_up_model():
+            from vllm_x86.runtime.startup import inductor_checks
+
+            inductor_checks.wait()
             if cached_compiled_model(self.model_runner, self.vllm_config):
                 _short_warm_up(self.model_runner)
             else:

@@ -45,6 +45,8 @@ KINDS = {
     "changed, instead of calling it",
     "function mode": "a TorchFunctionMode that intercepts torch calls made by installed code",
     "environment": "environment variables hidden from, or set against a choice of, installed code",
+    "platform hook": "a public method of vLLM's platform interface that X86Platform "
+    "overrides to do less or other than vLLM CPU's",
     "private use": "the plugin calls or reads private names (_name) or C++ ops of "
     "installed code: nothing changes, but a bump can break it",
 }
@@ -924,6 +926,39 @@ LEDGER: tuple[Patch, ...] = (
         "vouches that no OpenMP region has run",
         tests=(
             "tests/unit/test_platform_config.py::test_serve_forks_the_engine_from_a_frozen_heap",
+        ),
+    ),
+    Patch(
+        name="triton_kernel_overrides_once",
+        kind="platform hook",
+        what="X86Platform.register_triton_kernel_overrides registers vLLM CPU's C++ stand-ins "
+        "for its Triton kernels once per process tree: the standby daemon registers them "
+        "before it forks, and the processes forked from it skip vLLM's registration",
+        why="vLLM's registration scans every attribute of every module in sys.modules to "
+        "rebind the kernels: 0.3-0.45 s of each worker forked from the daemon, whose "
+        "modules already hold the rebound kernels",
+        symbols=(
+            Symbol(
+                "vllm.platforms.cpu:CpuPlatform.register_triton_kernel_overrides",
+                "cls",
+                contains=("register_kernels(",),
+            ),
+            Symbol(
+                "vllm.triton_utils.dispatcher:_rebind_kernels",
+                "overrides",
+                contains=("for module in list(sys.modules.values()):",),
+            ),
+        ),
+        site=(
+            "vllm_x86.runtime.platform:X86Platform.register_triton_kernel_overrides",
+            "vllm_x86.tools.daemon.server:Daemon.warm_up",
+        ),
+        vllm_file="vllm/platforms/cpu.py, vllm/triton_utils/dispatcher.py",
+        written_against=_VLLM,
+        removed_by="vLLM registering the overrides once per process tree itself (or "
+        "without scanning every module)",
+        tests=(
+            "tests/unit/test_startup_checks.py::test_triton_kernel_overrides_once_per_process_tree",
         ),
     ),
     Patch(

@@ -186,28 +186,17 @@ STOP_GRACE_S = 30.0
 ERROR_CONTEXT_LINES = 3
 
 
-def _compute_code_hashes() -> list[str]:
-    """Compute, once in the daemon, the source hashes a compiled start looks its model up
-    by: vLLM's compile-cache key includes Inductor's factors, which hash torch's Python
-    sources (``torch_key``) and import Triton to hash its sources (``CacheBase.get_system``).
-    Both are cached per process by torch, so every forked model server inherits them;
-    a compiled start then skips 0.5-0.8 s of its engine's start (2 vCPUs). Returns what
-    could not be computed (a torch without these functions: not fatal, the server
-    computes them as before)."""
-    missing = []
-    try:
-        from torch._inductor import codecache
-    except Exception as e:
-        return [f"torch._inductor.codecache ({type(e).__name__}: {e})"]
-    for name, fn in (
-        ("torch_key", getattr(codecache, "torch_key", None)),
-        ("CacheBase.get_system", getattr(getattr(codecache, "CacheBase", None), "get_system", None)),
-    ):
-        try:
-            fn()
-        except Exception as e:
-            missing.append(f"{name} ({type(e).__name__}: {e})")
-    return missing
+def _op_table_modules() -> list[str]:
+    """The modules the op table's rows name (vLLM's classes and the plugin's), which a
+    worker imports as it installs the rows before building the model."""
+    from vllm_x86.runtime.ops.registry import OVERRIDES
+
+    found: list[str] = []
+    for row in OVERRIDES:
+        for path in (row.target, row.impl, row.check, row.choose):
+            if path and ":" in path and path.partition(":")[0] not in found:
+                found.append(path.partition(":")[0])
+    return found
 
 
 def _say(msg: str) -> None:
@@ -322,6 +311,7 @@ class Daemon:
         t0 = time.perf_counter()
         missing = []
         names = (*WARM_MODULES, *WARM_SERVER_MODULES, *WARM_WORKER_MODULES)
+        names += tuple(m for m in _op_table_modules() if m not in names)
         for name in names:
             try:
                 importlib.import_module(name)
@@ -331,7 +321,17 @@ class Daemon:
         from vllm.platforms import current_platform
 
         self.platform = type(current_platform).__name__
-        missing += _compute_code_hashes()
+        # vLLM CPU's stand-ins for its Triton kernels, registered here once instead of
+        # in every worker (X86Platform.register_triton_kernel_overrides).
+        try:
+            current_platform.register_triton_kernel_overrides()
+        except Exception as e:
+            missing.append(f"Triton kernel overrides ({type(e).__name__}: {e})")
+        # Inductor's once-per-process checks of a compiled start, inherited by every
+        # model server (startup/inductor_checks.py).
+        from vllm_x86.runtime.startup import inductor_checks
+
+        missing += inductor_checks.compute()
         gc.collect()
         gc.freeze()  # keep the warm objects out of the children's copy-on-write pages
         self.warm_s = time.perf_counter() - t0
