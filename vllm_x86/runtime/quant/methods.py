@@ -118,13 +118,29 @@ def quantize_int8(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-output-channel INT8: (q [N, K] int8, scale [N] float32). `amax`:
     each channel's largest |w| when `w` holds only part of the row (a row-parallel
-    rank's share; the whole row's maximum keeps the scale of tensor parallel size 1)."""
-    wf = w.float()
-    if amax is None:
-        amax = wf.abs().amax(dim=1)
-    scale = (amax / 127.0).clamp_min(1e-12)
-    q = torch.round(wf / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    rank's share; the whole row's maximum keeps the scale of tensor parallel size 1).
+
+    Computed in blocks of rows (INT8_BLOCK_ELEMENTS weights each), in place: the same
+    operations on the same values as over the whole matrix at once, so the same codes
+    and scales, but the float32 temporaries stay small and in cache. Over the whole
+    matrix they were four passes through fresh memory, whose first touches cost more
+    than the arithmetic on a VM: Qwen2.5's 151936 x 896 LM head took 0.87 s, in blocks
+    0.3 s (2 vCPUs)."""
+    n, k = w.shape
+    q = torch.empty(n, k, dtype=torch.int8, device=w.device)
+    scale = torch.empty(n, dtype=torch.float32, device=w.device)
+    rows = max(1, INT8_BLOCK_ELEMENTS // max(k, 1))
+    for i in range(0, n, rows):
+        wf = w[i : i + rows].float()
+        a = wf.abs().amax(dim=1) if amax is None else amax[i : i + rows].float()
+        s = (a / 127.0).clamp_min(1e-12)
+        scale[i : i + rows] = s
+        q[i : i + rows] = wf.div_(s[:, None]).round_().clamp_(-127, 127)
     return q, scale
+
+
+# quantize_int8's block: 2^18 weights (1 MiB of float32 temporaries).
+INT8_BLOCK_ELEMENTS = 1 << 18
 
 
 def _bf16_up(s: torch.Tensor) -> torch.Tensor:
