@@ -81,7 +81,9 @@ def test_marker_that_no_longer_holds_is_ignored(tmp_path, cache, case):
 def test_entry_named_in_vllms_load_or_save_message(said):
     # The save line names the entry when a compile rewrote one that existed before
     # (left without its model by an interrupted start): no new directory appears then.
-    line = f"[backbone] {said} /c/compile/k/torch_compile_cache/torch_aot_compile/ab12/rank_0_0/model"
+    line = (
+        f"[backbone] {said} /c/compile/k/torch_compile_cache/torch_aot_compile/ab12/rank_0_0/model"
+    )
     (path,) = ca._LOADED.findall(line)
     assert ca._entry_of(path) == "ab12"
     assert ca._entry_of("/elsewhere/model") is None

@@ -18,32 +18,82 @@ def _run(code: str) -> str:
     return out.stdout
 
 
-def test_inductor_checks_beside_the_start_leave_torch_nothing_to_do():
-    # In a fresh process: after start() and wait(), Inductor answers its ISA question
-    # without building or probing anything (subprocess.run would fail), and its source
-    # hashes without hashing (the functions that read the files would fail).
-    out = _run(
+def _run_in(cache, code: str) -> str:
+    env = dict(os.environ, VLLM_X86_CACHE_DIR=str(cache))
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+_BOOM = """
+def boom(*a, **k):
+    raise AssertionError("computed again")
+from torch._inductor import codecache, cpu_vec_isa
+import torch._inductor.runtime.triton_compat as tc
+codecache.build_code_hash = boom
+tc.triton_key = boom
+import subprocess, sys
+_run = subprocess.run
+def no_probe(cmd, *a, **k):  # the dlopen probe is a Python subprocess; g++ --version is fine
+    if cmd and cmd[0] == sys.executable:
+        raise AssertionError("probed again")
+    return _run(cmd, *a, **k)
+subprocess.run = no_probe
+"""
+
+
+def test_a_second_start_reads_inductors_checks_back(tmp_path):
+    # A first process computes the checks beside its start (start/wait) and remembers
+    # them; a second one gets the same answers with torch's hashing and probing made
+    # to fail: nothing is computed again.
+    first = _run_in(
+        tmp_path,
         """
         from vllm_x86.runtime.startup import inductor_checks
         inductor_checks.start()
         inductor_checks.wait()
         assert inductor_checks._result["failed"] == [], inductor_checks._result
         from torch._inductor import codecache, cpu_vec_isa
-        first = [str(i) for i in cpu_vec_isa.valid_vec_isa_list()]
-        def boom(*a, **k):
-            raise AssertionError("computed again")
-        cpu_vec_isa.subprocess.run = boom
-        codecache.build_code_hash = boom
-        import torch._inductor.runtime.triton_compat as tc
-        tc.triton_key = boom
-        again = [str(i) for i in cpu_vec_isa.valid_vec_isa_list()]
-        assert again == first, (first, again)
-        codecache.torch_key()
-        codecache.CacheBase.get_system()
-        print("isa", first)
-        """
+        print(codecache.torch_key().hex())
+        print(codecache.CacheBase.get_system()["hash"])
+        print([str(i) for i in cpu_vec_isa.valid_vec_isa_list()])
+        """,
     )
-    assert "isa [" in out
+    assert (tmp_path / "inductor-keys.json").is_file()
+    second = _run_in(
+        tmp_path,
+        _BOOM
+        + """
+from vllm_x86.runtime.startup import inductor_checks
+failed = inductor_checks.compute()
+assert failed == [], failed
+print(codecache.torch_key().hex())
+print(codecache.CacheBase.get_system()["hash"])
+print([str(i) for i in cpu_vec_isa.valid_vec_isa_list()])
+""",
+    )
+    assert second == first
+    assert "avx2" in first.splitlines()[-1]
+
+
+def test_the_stamp_follows_the_files(tmp_path):
+    from vllm_x86.runtime.startup import inductor_checks
+
+    (tmp_path / "pkg").mkdir()
+    f = tmp_path / "pkg" / "a.py"
+    f.write_text("x = 1\n")
+    (tmp_path / "pkg" / "notes.txt").write_text("not a module")
+    before = inductor_checks._stamp(str(tmp_path))
+    (tmp_path / "pkg" / "notes.txt").write_text("other")  # not what torch hashes
+    assert inductor_checks._stamp(str(tmp_path)) == before
+    f.write_text("x = 22\n")
+    assert inductor_checks._stamp(str(tmp_path)) != before
 
 
 def test_inductor_checks_wait_without_start_is_a_no_op():

@@ -1024,6 +1024,58 @@ LEDGER: tuple[Patch, ...] = (
         removed_by="a public AMX query in torch (or in vLLM's platform)",
         tests=("tests/models/test_mla_fp32_batch.py",),
     ),
+    Patch(
+        name="inductor_source_keys",
+        kind="private use",
+        what="Inductor's source hashes (torch_key, triton_key) are set from the plugin's "
+        "memo (VLLM_X86_CACHE_DIR/inductor-keys.json) through torch's cache API where the "
+        "files they hash are unchanged, else computed by torch and remembered",
+        why="every compiled start hashes all of torch's Python sources and imports Triton "
+        "to hash its own: 1.5-3 s of the engine's start on 2 vCPUs, the same answer each "
+        "time until a package changes",
+        symbols=(
+            Symbol("torch._inductor.codecache:torch_key", ""),
+            Symbol("torch._inductor.codecache:triton_key", ""),
+            Symbol("torch._inductor.codecache:build_code_hash", "roots prefix hasher"),
+            Symbol(
+                "torch.utils._functools:prefetchable_cache",
+                "func",
+                contains=("wrapper.set = set_val",),
+            ),
+        ),
+        site=("vllm_x86.runtime.startup.inductor_checks:_source_keys",),
+        vllm_file="torch/_inductor/codecache.py, torch/utils/_functools.py",
+        written_against="torch 2.13.0",
+        removed_by="torch keeping these hashes on disk itself (or computing them at build time)",
+        tests=(
+            "tests/unit/test_startup_checks.py::test_a_second_start_reads_inductors_checks_back",
+            "tests/unit/test_startup_checks.py::test_the_stamp_follows_the_files",
+        ),
+    ),
+    Patch(
+        name="inductor_isa_probe_memo",
+        kind="monkey-patch",
+        what="torch._inductor.cpu_vec_isa.VecISA._probe_load answers True without a "
+        "subprocess for a test library that loaded before (same path, size, modification "
+        "time and CPU ISA flags, in the plugin's memo); other libraries are probed by torch",
+        why="Inductor checks each vector ISA by dlopen-ing a test library in a fresh Python "
+        "that loads libtorch: about 0.45 s each, 1.4 s per compiled start here",
+        symbols=(
+            Symbol("torch._inductor.cpu_vec_isa:VecISA._probe_load", "self output_path"),
+            Symbol(
+                "torch._inductor.cpu_vec_isa:VecISA.check_build",
+                "self code",
+                contains=("return self._probe_load(output_path)",),
+            ),
+        ),
+        site=("vllm_x86.runtime.startup.inductor_checks:remember_isa_probes",),
+        vllm_file="torch/_inductor/cpu_vec_isa.py",
+        written_against="torch 2.13.0",
+        removed_by="torch caching the probe's answer on disk",
+        tests=(
+            "tests/unit/test_startup_checks.py::test_a_second_start_reads_inductors_checks_back",
+        ),
+    ),
     # --------------------------------------------------- op classes (rows of ops/registry.py)
     Patch(
         name="gdn_float32_core",
