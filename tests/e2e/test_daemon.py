@@ -403,3 +403,58 @@ def test_start_with_a_model_preloads_it_and_serve_then_answers_at_once(tmp_path)
                 os.killpg(pg, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def test_keep_alive_leaves_the_model_loaded_and_the_next_serve_attaches(tmp_path):
+    # `daemon start --keep-alive S`: Ctrl-C on serve leaves its model server loaded and
+    # answering; a serve of the same model and flags attaches to that server (the same
+    # one, at once); with no serve attached it stops after S seconds.
+    from vllm_x86.tools.bench.synthetic import build
+
+    root = tmp_path / "d"
+    env = clean_env(VLLM_X86_DAEMON_DIR=str(root))
+    f = paths.files(root)
+    d = {"env": env, "files": f, "port": free_port(), "groups": set()}
+    tiny = str(build("tiny-llama"))
+    r = _cli(env, "daemon", "start", "--keep-alive", "12")
+    pids = set()
+    try:
+        assert r.returncode == 0, r.stderr + "\n" + f.log.read_text()[-3000:]
+        assert client.running(f)["keep_alive_s"] == 12
+        a = Attached(d, tmp_path, tiny)
+        a.wait_for("Ctrl-C leaves this model server loaded for 12 s (keep-alive)")
+        srv = client.running(f)["server"]
+        pids = {client.running(f)["pid"], srv["pid"]}
+        os.killpg(a.proc.pid, signal.SIGINT)
+        assert a.wait() == 0, a.text()[-3000:]
+        assert f"model server {srv['seq']} ({tiny}) stays loaded for 12 s" in a.text()
+        base = f"http://127.0.0.1:{d['port']}"
+        assert _models(base) == ["tiny"]  # still answering after its serve left
+        st = client.running(f)["server"]
+        assert st["state"] == "ready" and st["seq"] == srv["seq"] and st["idle_s_left"] > 0
+        t0 = time.monotonic()
+        b = Attached(d, tmp_path, tiny)
+        b.wait_for("already serving this model")
+        b.wait_for("Ctrl-C leaves this model server loaded")
+        attach_s = time.monotonic() - t0
+        st = client.running(f)["server"]
+        assert st["seq"] == srv["seq"] and st["idle_s_left"] is None  # attached: no timer
+        assert attach_s < 10, attach_s  # a bound for a loaded machine, not a speed claim
+        os.killpg(b.proc.pid, signal.SIGINT)
+        assert b.wait() == 0, b.text()[-3000:]
+        # nobody attaches again: stopped after the keep-alive, the port freed
+        deadline = time.monotonic() + 60
+        while client.running(f)["server"]["state"] == "ready":
+            assert time.monotonic() < deadline, f.log.read_text()[-3000:]
+            time.sleep(0.5)
+        assert client.running(f)["server"]["state"] == "stopped"
+        assert "kept loaded 12 s without a serve attached" in f.log.read_text()
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", d["port"])) != 0
+    finally:
+        _cli(env, "daemon", "stop", timeout=120)
+        for pg in pids:
+            try:
+                os.killpg(pg, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

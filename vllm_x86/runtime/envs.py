@@ -249,6 +249,15 @@ SETTINGS: tuple[Setting, ...] = (
         "0: no TCP, the owner-only Unix socket only (with --host: a free port).",
     ),
     Setting(
+        "VLLM_X86_DAEMON_KEEP_ALIVE",
+        "0",
+        "Seconds the standby daemon keeps a model server loaded after the `vllm-x86 serve` "
+        "attached to it leaves (Ctrl-C, SIGTERM), as Ollama keeps a model: it still "
+        "answers on its port, and a `vllm-x86 serve` of the same model and flags attaches "
+        "to it at once instead of starting it again. 0: the model server stops with its "
+        "serve. Read by the daemon when it starts (`vllm-x86 daemon start --keep-alive S`).",
+    ),
+    Setting(
         "VLLM_X86_ISA",
         "auto",
         "Which build of the plugin's kernels runs: auto (the best this CPU has), "

@@ -35,6 +35,7 @@ from vllm_x86.tools.daemon.paths import DaemonError
 NOT_FOR_A_MODEL_SERVER = (
     "VLLM_X86_DAEMON_DIR",
     "VLLM_X86_DAEMON_PORT",
+    "VLLM_X86_DAEMON_KEEP_ALIVE",
     "VLLM_X86_SKIP_KERNELS",
     "VLLM_X86_CONFORMANCE_COMMAND",
 )

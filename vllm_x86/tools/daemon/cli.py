@@ -67,6 +67,16 @@ def add_parser(sub) -> None:
         help="start: every request must carry 'Authorization: Bearer KEY' (the CLI sends "
         "VLLM_API_KEY); default: VLLM_API_KEY when set, else no key",
     )
+    d.add_argument(
+        "--keep-alive",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start: keep a model server loaded this long after the `vllm-x86 serve` "
+        "attached to it leaves (Ctrl-C), still answering on its port; a `vllm-x86 serve` "
+        "of the same model and flags then attaches at once (default: "
+        "VLLM_X86_DAEMON_KEEP_ALIVE, else 0: it stops with its serve)",
+    )
     d.add_argument("--json", action="store_true", help="status: machine-readable output")
     d.add_argument(
         "--serve",
@@ -83,8 +93,15 @@ def run(ns: argparse.Namespace) -> int:
     serve = getattr(ns, "serve", None)
     if serve is not None and ns.action != "start":
         raise DaemonError("--serve goes with `vllm-x86 daemon start` only")
-    if ns.action != "start" and (ns.host or ns.port is not None or ns.api_key):
-        raise DaemonError("--host, --port and --api-key go with `vllm-x86 daemon start` only")
+    keep_alive = getattr(ns, "keep_alive", None)
+    if ns.action != "start" and (
+        ns.host or ns.port is not None or ns.api_key or keep_alive is not None
+    ):
+        raise DaemonError(
+            "--host, --port, --api-key and --keep-alive go with `vllm-x86 daemon start` only"
+        )
+    if keep_alive is not None and not keep_alive >= 0:
+        raise DaemonError(f"--keep-alive takes seconds >= 0, not {keep_alive:g}")
     if ns.action == "start":
         if serve is not None:
             # check the model and flags before paying for the daemon's warm-up
@@ -96,7 +113,7 @@ def run(ns: argparse.Namespace) -> int:
             except CliError as e:
                 raise DaemonError(str(e)) from None
             warn_exposure(argv[3:], host, port)
-        start(ns.port, host=ns.host, api_key=ns.api_key)
+        start(ns.port, host=ns.host, api_key=ns.api_key, keep_alive=keep_alive)
         if serve is not None:
             if serve_with_daemon(argv[3:], argv[argv.index("--model") + 1], detach=True) is None:
                 raise DaemonError("the daemon stopped before it could serve the model")
@@ -251,6 +268,7 @@ def follow(f: DaemonFiles, h: dict, model: str, stop_flag: _Stop) -> int:
             pass
     ready = False
     next_status = 0.0
+    keep_alive = float(h.get("keep_alive_s") or 0.0)  # the daemon's, from /status
 
     def pump() -> None:
         nonlocal offset
@@ -266,10 +284,15 @@ def follow(f: DaemonFiles, h: dict, model: str, stop_flag: _Stop) -> int:
             sys.stderr.flush()
 
     def announce(s: dict) -> None:
+        leave = (
+            f"Ctrl-C leaves this model server loaded for {keep_alive:g} s (keep-alive)"
+            if keep_alive > 0
+            else "Ctrl-C stops this model server"
+        )
         print(
             f"vllm-x86: serving {s['model']} on {s['url']} from the standby daemon (ready "
             f"{time.monotonic() - h['t0']:.1f} s after this command; log {s['log']}). "
-            "Ctrl-C stops this model server; the daemon stays warm.",
+            f"{leave}; the daemon stays warm.",
             file=sys.stderr,
             flush=True,
         )
@@ -293,6 +316,7 @@ def follow(f: DaemonFiles, h: dict, model: str, stop_flag: _Stop) -> int:
                     ) from None
                 code, st = 0, {}  # busy (another request): ask again
             if code == 200:
+                keep_alive = float(st.get("keep_alive_s") or 0.0)
                 s = st.get("server") or {}
                 if s.get("seq") != seq:
                     pump()
@@ -313,16 +337,20 @@ def follow(f: DaemonFiles, h: dict, model: str, stop_flag: _Stop) -> int:
                 raise DaemonError(st.get("error") or f"the standby daemon answered {code}")
             next_status = now + (STATUS_EVERY_S if ready else FOLLOW_POLL_S)
         time.sleep(FOLLOW_POLL_S)
-    # Ctrl-C or SIGTERM: stop this model server (not a replacement someone else started).
+    # Ctrl-C or SIGTERM: this serve leaves model server seq (not a replacement someone
+    # else started), which stops unless the daemon keeps it loaded (keep-alive).
     name = signal.Signals(stop_flag.signum).name
-    print(
-        f"vllm-x86: {name}: stopping model server {seq} ({model}); the daemon stays warm",
-        file=sys.stderr,
-        flush=True,
-    )
+    if not (keep_alive > 0 and ready):
+        print(
+            f"vllm-x86: {name}: stopping model server {seq} ({model}); the daemon stays warm",
+            file=sys.stderr,
+            flush=True,
+        )
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C leaves at once
     try:
-        code, out = request(f, "POST", "/stop-model", {"seq": seq}, timeout=STOP_MODEL_TIMEOUT_S)
+        code, out = request(
+            f, "POST", "/stop-model", {"seq": seq, "leave": True}, timeout=STOP_MODEL_TIMEOUT_S
+        )
     except OSError as e:
         raise DaemonError(f"the standby daemon did not answer the stop request: {e}") from None
     pump()
@@ -331,6 +359,18 @@ def follow(f: DaemonFiles, h: dict, model: str, stop_flag: _Stop) -> int:
         return 0
     if code != 200:
         raise DaemonError(out.get("error") or f"the standby daemon answered {code}")
+    kept = out.get("kept_alive_s")
+    if kept:
+        url = (out.get("server") or {}).get("url", "its port")
+        print(
+            f"vllm-x86: {name}: model server {seq} ({model}) stays loaded for {kept:g} s "
+            f"and still answers on {url} (the daemon's keep-alive, "
+            "VLLM_X86_DAEMON_KEEP_ALIVE): `vllm-x86 serve` of the same model and flags "
+            "attaches to it at once; `vllm-x86 daemon stop` stops it",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 0
     print(f"vllm-x86: model server {seq} stopped", file=sys.stderr, flush=True)
     return 0
 

@@ -151,10 +151,12 @@ def start(
     f: DaemonFiles | None = None,
     host: str | None = None,
     api_key: str | None = None,
+    keep_alive: float | None = None,
 ) -> dict:
     """Start a daemon in the background and wait until it answers; its /status. With
     `host` or `port` (or VLLM_X86_DAEMON_PORT) it also listens on TCP, which needs a
-    key (`api_key`, else VLLM_API_KEY)."""
+    key (`api_key`, else VLLM_API_KEY). `keep_alive`: VLLM_X86_DAEMON_KEEP_ALIVE for
+    the daemon (seconds a model server stays loaded after its serve leaves)."""
     from vllm_x86.runtime import envs
 
     f = f or files()
@@ -186,6 +188,8 @@ def start(
     apply_layer_name_env(env)  # before the daemon imports vLLM (VLLM_X86_CPP_WRAPPER)
     if key:  # in the environment, not on the command line other users can read
         env["VLLM_API_KEY"] = key
+    if keep_alive is not None:
+        env["VLLM_X86_DAEMON_KEEP_ALIVE"] = f"{keep_alive:g}"
     cmd = [sys.executable, "-m", "vllm_x86.tools.daemon", "--dir", str(f.root)]
     if host is not None:
         cmd += ["--host", host, "--port", str(port or 0)]
@@ -388,4 +392,10 @@ def handover(vllm_args: list[str], model: str, f: DaemonFiles | None = None) -> 
         raise _refused(code, out)
     if out.get("note"):
         _say(out["note"])
-    return {"server": out["server"], "fresh": code == 202, "daemon_pid": st["pid"], "t0": t0}
+    return {
+        "server": out["server"],
+        "fresh": code == 202,
+        "daemon_pid": st["pid"],
+        "keep_alive_s": st.get("keep_alive_s"),
+        "t0": t0,
+    }

@@ -22,7 +22,10 @@ daemon has a key, also on TCP H:P (access.py says why). With a key every request
                       path, bad flags, an environment name it does not pass), 409 when
                       another program has the port; each with a message in "error"
     POST /stop-model  {"seq": N} (optional): stop the current model server (409 when
-                      model server N is no longer the current one: nothing stopped)
+                      model server N is no longer the current one: nothing stopped);
+                      {"seq": N, "leave": true}: the serve attached to it leaves: with
+                      VLLM_X86_DAEMON_KEEP_ALIVE set, a ready server stays loaded that
+                      long ("kept_alive_s" in the answer), else it stops
     POST /shutdown    stop the model server and the daemon
 """
 
@@ -186,6 +189,21 @@ STOP_GRACE_S = 30.0
 ERROR_CONTEXT_LINES = 3
 
 
+def _keep_alive_setting() -> float:
+    """VLLM_X86_DAEMON_KEEP_ALIVE in seconds (a bad value: a sentence, and 0)."""
+    from vllm_x86.runtime import envs
+
+    raw = envs.get("VLLM_X86_DAEMON_KEEP_ALIVE").strip() or "0"
+    try:
+        value = float(raw)
+        if value < 0 or value != value:
+            raise ValueError
+    except ValueError:
+        _say(f"VLLM_X86_DAEMON_KEEP_ALIVE={raw!r} is not a number of seconds >= 0: using 0")
+        return 0.0
+    return value
+
+
 def _op_table_modules() -> list[str]:
     """The modules the op table's rows name (vLLM's classes and the plugin's), which a
     worker imports as it installs the rows before building the model."""
@@ -225,6 +243,9 @@ class ModelServer:
         self.ready_s: float | None = None
         self._next_probe = 0.0
         self.stopping = False  # the daemon asked it to stop (not an exit on its own)
+        # Kept loaded after its serve left (VLLM_X86_DAEMON_KEEP_ALIVE): stopped at this
+        # time (monotonic) unless a serve of the same model attaches first.
+        self.idle_until: float | None = None
 
     @property
     def key(self) -> tuple:
@@ -250,6 +271,9 @@ class ModelServer:
             "started_at": self.started_at,
             "ready_s": self.ready_s,
             "args": self.vllm_args,
+            "idle_s_left": (
+                None if self.idle_until is None else max(0.0, self.idle_until - time.monotonic())
+            ),
         }
 
 
@@ -304,6 +328,7 @@ class Daemon:
         self.quit = False
         self.request_socket = None  # the connection of the request being handled
         self.umask = 0o022  # the caller's, restored in each model server
+        self.keep_alive_s = _keep_alive_setting()
 
     # ------------------------------------------------------------------ start-up
 
@@ -361,6 +386,7 @@ class Daemon:
             "version": __version__,
             "started_at": self.started_at,
             "warm_s": self.warm_s,
+            "keep_alive_s": self.keep_alive_s,
             "platform": getattr(self, "platform", None),
             "dir": str(self.files.root),
             "server": self.server.record() if self.server else None,
@@ -411,6 +437,7 @@ class Daemon:
             and cur.alive
             and cur.key == (tuple(vllm_args), tuple(sorted(env.items())))
         ):
+            cur.idle_until = None  # a serve attaches: kept loaded no longer
             return 200, {"server": cur.record(), "note": "already serving this model"}
         same_port = cur is not None and cur.alive and cur.port == port
         if not same_port and not port_free(port, host):
@@ -558,6 +585,15 @@ class Daemon:
     def poll(self) -> None:
         self._reap()
         ms = self.server
+        if ms is not None and ms.alive and ms.idle_until is not None:
+            if time.monotonic() >= ms.idle_until:
+                _say(
+                    f"model server {ms.seq} kept loaded {self.keep_alive_s:g} s without a "
+                    "serve attached (VLLM_X86_DAEMON_KEEP_ALIVE): stopping it"
+                )
+                ms.idle_until = None
+                self.stop_model(ms.seq)
+            return
         if ms is None or ms.state != "starting":
             return
         now = time.monotonic()
@@ -568,6 +604,19 @@ class Daemon:
             ms.state = "ready"
             ms.ready_s = time.monotonic() - ms.t_start
             _say(f"model server {ms.seq} ready in {ms.ready_s:.1f} s")
+
+    def leave_model(self, seq: int) -> tuple[int, dict]:
+        """The serve attached to model server `seq` leaves: keep it loaded for
+        VLLM_X86_DAEMON_KEEP_ALIVE seconds when that is set and it is ready, else stop it."""
+        ms = self.server
+        if self.keep_alive_s > 0 and ms is not None and ms.seq == seq and ms.state == "ready":
+            ms.idle_until = time.monotonic() + self.keep_alive_s
+            _say(
+                f"model server {ms.seq} kept loaded for {self.keep_alive_s:g} s after its "
+                "serve left (VLLM_X86_DAEMON_KEEP_ALIVE)"
+            )
+            return 200, {"server": ms.record(), "kept_alive_s": self.keep_alive_s}
+        return self.stop_model(seq)
 
     def stop_model(self, seq: int | None = None) -> tuple[int, dict]:
         """Stop the current model server (only if it is number `seq`, when given)."""
@@ -820,7 +869,11 @@ class _Handler(BaseHTTPRequestHandler):
                 if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool)):
                     self._send(400, {"error": "'seq' must be a model server's number"})
                     return
-                self._send(*d.stop_model(seq))
+                leave = body.get("leave", False)
+                if not isinstance(leave, bool) or (leave and seq is None):
+                    self._send(400, {"error": "'leave' must be true or false, with 'seq'"})
+                    return
+                self._send(*(d.leave_model(seq) if leave else d.stop_model(seq)))
             else:
                 self._send(200, {"stopping": True})
                 d.quit = True
