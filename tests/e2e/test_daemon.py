@@ -432,6 +432,8 @@ def test_keep_alive_leaves_the_model_loaded_and_the_next_serve_attaches(tmp_path
         assert _models(base) == ["tiny"]  # still answering after its serve left
         st = client.running(f)["server"]
         assert st["state"] == "ready" and st["seq"] == srv["seq"] and st["idle_s_left"] > 0
+        out = _cli(env, "daemon", "status").stdout
+        assert "keep-alive 12 s" in out and "kept loaded without a serve" in out, out
         t0 = time.monotonic()
         b = Attached(d, tmp_path, tiny)
         b.wait_for("already serving this model")

@@ -135,9 +135,10 @@ def run(ns: argparse.Namespace) -> int:
         control += f" and {st['tcp']}"
     if st.get("keyed"):
         control += ", key required"
+    keep = f", keep-alive {st['keep_alive_s']:g} s" if st.get("keep_alive_s") else ""
     print(
         f"daemon: pid {st['pid']}, control {control}, up {up:.0f} s, "
-        f"warmed up in {st['warm_s']:.1f} s, platform {st['platform']}, dir {st['dir']}"
+        f"warmed up in {st['warm_s']:.1f} s, platform {st['platform']}{keep}, dir {st['dir']}"
     )
     srv = st.get("server")
     if srv is None:
@@ -148,6 +149,8 @@ def run(ns: argparse.Namespace) -> int:
             line += f" (ready in {srv['ready_s']:.1f} s)"
         if srv.get("error"):
             line += f": {srv['error']}"
+        if srv.get("idle_s_left") is not None:
+            line += f", kept loaded without a serve ({srv['idle_s_left']:.0f} s left)"
         print(line + f"; log {srv['log']}")
     return 0
 
