@@ -488,6 +488,58 @@ def test_lm_head_method_matches_reference(bits, group, zero_point, rows):
     assert _rel(y[0], x.float() @ wd.t()) < 2e-2
 
 
+def _head(w: torch.Tensor, bits: int = 8):
+    """A ParallelLMHead with an INT8/INT4 X86LMHeadMethod, without vLLM's parallel set-up."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    from vllm_x86.runtime.quant.lm_head import X86LMHeadMethod
+
+    head = ParallelLMHead.__new__(ParallelLMHead)
+    torch.nn.Module.__init__(head)
+    head.weight = w if isinstance(w, torch.nn.Parameter) else torch.nn.Parameter(w, False)
+    head.quant_method = X86LMHeadMethod(bits, 128, True)
+    head.quant_method.process_weights_after_loading(head)
+    return head
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, embed, head, input_embedding=None):
+        super().__init__()
+        self.embed, self.head = embed, head
+        self._input = input_embedding if input_embedding is not None else embed
+
+    def get_input_embeddings(self):
+        return self._input
+
+
+@needs_quant_kernels
+@pytest.mark.parametrize("bits", [8, 4])
+def test_an_untied_quantized_heads_bf16_weight_is_freed_a_shared_one_kept(bits):
+    from vllm_x86.runtime.quant.lm_head import release_unshared_weights
+
+    n, k = 1024, 256
+    w, x = _data(n, k, 3, seed=5)
+    embed = _Layer()
+    embed.weight = torch.nn.Parameter(w.clone(), requires_grad=False)
+    # untied: the head's own weight, not read again after quantization
+    head = _head(w.clone(), bits)
+    before = head.quant_method.apply(head, x)
+    assert release_unshared_weights(_Model(embed, head)) == n * k * 2
+    assert head.weight.shape == (0, k) and embed.weight.shape == (n, k)
+    assert torch.equal(head.quant_method.apply(head, x), before)
+    from vllm_x86.runtime.ops.logits import head_weight
+
+    assert head_weight(head, x) is None
+    # tied: the head's weight is the embedding's table
+    tied = _head(embed.weight, bits)
+    assert release_unshared_weights(_Model(embed, tied)) == 0
+    assert tied.weight.shape == (n, k) and tied.weight is embed.weight
+    # the head module is the model's input embedding
+    own = _head(w.clone(), bits)
+    assert release_unshared_weights(_Model(embed, own, input_embedding=own)) == 0
+    assert own.weight.shape == (n, k)
+
+
 def test_lm_head_setting_values():
     from vllm_x86.runtime.quant import scope
 

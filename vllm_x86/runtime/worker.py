@@ -116,6 +116,9 @@ class X86Worker(CPUWorker):
 
         with set_current_vllm_config(self.vllm_config):
             registry.apply_module_overrides(self.model_runner.get_model())
+        from vllm_x86.runtime.quant.lm_head import release_unshared_weights
+
+        release_unshared_weights(self.model_runner.get_model())
         if self.parallel_config.world_size > 1:
             logger.info(
                 "vllm-x86: rank %d: %s",
