@@ -118,6 +118,9 @@ NOT_PATCHES = {
     ),
     ("vllm_x86.runtime.quant.linear:_set", "attribute"): "a quantization method replaces "
     "its own layer's parameter (vLLM's LinearMethodBase interface)",
+    ("vllm_x86.runtime.quant.lm_head:release_unshared_weights", "attribute"): "the LM head "
+    "method empties its own layer's bf16 weight once its quantized copy exists (vLLM's "
+    "QuantizeMethodBase interface)",
     ("vllm_x86.runtime.platform:X86Platform._apply_async_scheduling", "attribute"): "the "
     "platform's config hook: a documented default (docs/configuration.md)",
     ("vllm_x86.runtime.platform:X86Platform._apply_mla_backend", "attribute"): "the "

@@ -1057,7 +1057,8 @@ LEDGER: tuple[Patch, ...] = (
         kind="monkey-patch",
         what="torch._inductor.cpu_vec_isa.VecISA._probe_load answers True without a "
         "subprocess for a test library that loaded before (same path, size, modification "
-        "time and CPU ISA flags, in the plugin's memo); other libraries are probed by torch",
+        "time, CPU ISA flags and torch version, in the plugin's memo); other libraries are "
+        "probed by torch",
         why="Inductor checks each vector ISA by dlopen-ing a test library in a fresh Python "
         "that loads libtorch: about 0.45 s each, 1.4 s per compiled start here",
         symbols=(

@@ -32,9 +32,10 @@ take the 40-100 ms of the stamp. They go back into torch through its own cache A
 reinstalled or upgraded package changes the stamp, and the hash is computed again.
 
 The vector-ISA check is remembered the same way: a test library that has loaded once
-(its path, size and modification time, on a CPU with the same ISA flags) is not
-dlopen-ed again in a subprocess (each took about 0.45 s here: a Python start loading
-libtorch); the check itself stays torch's (ledger: inductor_isa_probe_memo).
+(its path, size and modification time, on a CPU with the same ISA flags, beside the
+same torch) is not dlopen-ed again in a subprocess (each took about 0.45 s here: a
+Python start loading libtorch); the check itself stays torch's (ledger:
+inductor_isa_probe_memo).
 
 Nothing else of torch is changed: the rest are torch's own functions, called earlier.
 If one fails here it is logged, and Inductor computes it again where it always did.
@@ -113,9 +114,12 @@ def _probe_key(output_path: str) -> str | None:
         st = os.stat(output_path)
     except OSError:
         return None
+    import torch
+
     cpu = hardware.cpu_info()
     flags = ",".join(sorted(f for f in hardware.ISA_FLAGS if cpu.has(f)))
-    return f"{output_path}|{st.st_size}|{st.st_mtime_ns}|{flags}"
+    # torch's version too: the probe loads the library beside that torch's libraries
+    return f"{output_path}|{st.st_size}|{st.st_mtime_ns}|{flags}|{torch.__version__}"
 
 
 def remember_isa_probes() -> None:
