@@ -75,6 +75,16 @@ def _models(base: str) -> list[str]:
     return [m["id"] for m in httpx.get(f"{base}/v1/models", timeout=10).json()["data"]]
 
 
+def _stop_daemon(env, groups) -> None:
+    """`vllm-x86 daemon stop`, then SIGKILL to whatever process group it left."""
+    _cli(env, "daemon", "stop", timeout=120)
+    for pg in groups:
+        try:
+            os.killpg(pg, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 @pytest.fixture(scope="module")
 def daemon(default_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("daemon")
@@ -87,12 +97,7 @@ def daemon(default_model, tmp_path_factory):
     try:
         yield info
     finally:
-        _cli(env, "daemon", "stop", timeout=120)
-        for pg in info["groups"] | {info["pid"]}:
-            try:
-                os.killpg(pg, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _stop_daemon(env, info["groups"] | {info["pid"]})
 
 
 def _serve(d, *args, extra=()):
@@ -397,12 +402,7 @@ def test_start_with_a_model_preloads_it_and_serve_then_answers_at_once(tmp_path)
         assert client.running(f)["server"]["seq"] == 1
         assert _models(f"http://127.0.0.1:{port}") == ["tiny"]
     finally:
-        _cli(env, "daemon", "stop", timeout=120)
-        for pg in pids:
-            try:
-                os.killpg(pg, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _stop_daemon(env, pids)
 
 
 def test_keep_alive_leaves_the_model_loaded_and_the_next_serve_attaches(tmp_path):
@@ -454,9 +454,4 @@ def test_keep_alive_leaves_the_model_loaded_and_the_next_serve_attaches(tmp_path
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", d["port"])) != 0
     finally:
-        _cli(env, "daemon", "stop", timeout=120)
-        for pg in pids:
-            try:
-                os.killpg(pg, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _stop_daemon(env, pids)

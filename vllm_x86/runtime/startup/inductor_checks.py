@@ -64,21 +64,21 @@ _TORCH_EXTRA = ("codegen/aoti_runtime/interface.cpp", "script.ld")
 def _stamp(root: str, extra: tuple[str, ...] = ()) -> str:
     """A hash of where, how large and how recent every module file under `root` is."""
     h = hashlib.sha256(root.encode())
+
+    def add(path: str) -> None:
+        try:
+            st = os.stat(path)
+        except OSError:  # gone, or an extra file this torch does not have
+            return
+        h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for f in sorted(filenames):
             if f.endswith(_STAMPED):
-                path = os.path.join(dirpath, f)
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    continue
-                h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+                add(os.path.join(dirpath, f))
     for rel in extra:
-        path = os.path.join(root, rel)
-        if os.path.exists(path):
-            st = os.stat(path)
-            h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        add(os.path.join(root, rel))
     return h.hexdigest()
 
 
@@ -97,12 +97,12 @@ def _read_memo() -> dict:
 
 
 def _write_memo(entries: dict) -> None:
+    from vllm_x86.runtime import diskfaults
+
     path = _memo_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        diskfaults.write_atomic(path, json.dumps(entries, indent=1, sort_keys=True))
     except OSError as e:  # a read-only cache: computed again next time
         logger.debug("vllm-x86: could not keep Inductor's source hashes in %s: %s", path, e)
 

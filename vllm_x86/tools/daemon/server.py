@@ -342,6 +342,7 @@ class Daemon:
                 importlib.import_module(name)
             except Exception as e:  # a module of another vLLM build: not fatal
                 missing.append(f"{name} ({type(e).__name__}: {e})")
+        imported = len(names) - len(missing)
         # Resolve vLLM's platform now (this runs the plugin's register()).
         from vllm.platforms import current_platform
 
@@ -364,7 +365,7 @@ class Daemon:
             _say(f"could not prepare {m}")
         threads = len(os.listdir("/proc/self/task"))
         _say(
-            f"warm in {self.warm_s:.1f} s: {len(names) - len(missing)} modules "
+            f"warm in {self.warm_s:.1f} s: {imported} modules "
             f"imported, platform {self.platform}, {threads} thread(s)"
         )
 
