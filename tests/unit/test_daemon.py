@@ -584,3 +584,37 @@ def test_a_cold_start_after_a_dead_daemon_waits_for_the_port_its_server_held():
     daemon_cli._wait_port_released(["--model", "m", "--host", "127.0.0.1", "--port", str(port)])
     assert port_free(port, "127.0.0.1")
     assert 0.8 < time.monotonic() - t0 < daemon_cli.PORT_RELEASE_S
+
+
+_LEADER_EXITS_FIRST = r"""
+import ctypes, socket, sys, threading, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+threading.Thread(target=time.sleep, args=(60,)).start()
+ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: ends the main thread only (not exit_group)
+"""
+
+
+def test_a_group_whose_main_thread_ended_still_runs_while_a_thread_holds_its_socket():
+    # A process can show as a zombie ("Z") while its other threads still exit: they keep
+    # its files open, a server's listening socket among them. The daemon waits on
+    # group_members before it calls a model server stopped and its port free.
+    proc = subprocess.Popen(
+        [PYTHON, "-c", _LEADER_EXITS_FIRST], stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        port = int(proc.stdout.readline())
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the main thread did not end"
+            time.sleep(0.05)
+        with socket.socket() as c:
+            assert c.connect_ex(("127.0.0.1", port)) == 0  # the socket is still open
+        assert paths.group_members(proc.pid) == [proc.pid]
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait(10)
+    assert paths.group_members(proc.pid) == []  # reaped: nothing of it runs

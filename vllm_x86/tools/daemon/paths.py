@@ -203,7 +203,10 @@ def remove_files(f: DaemonFiles) -> None:
 
 
 def group_members(pgid: int) -> list[int]:
-    """Pids (zombies excluded) whose process group is `pgid`."""
+    """Pids whose process group is `pgid` and that still run: finished zombies are left
+    out, but not a zombie thread-group leader whose other threads are still exiting (its
+    main thread ended first): those threads still hold the process's open files, a
+    listening socket among them, until the last one is gone."""
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -214,6 +217,17 @@ def group_members(pgid: int) -> list[int]:
         except OSError:
             continue
         # after the command: state, ppid, pgrp, ...
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            out.append(int(entry))
+        if int(fields[2]) != pgid:
+            continue
+        if fields[0] == "Z" and not _threads_left(entry):
+            continue
+        out.append(int(entry))
     return out
+
+
+def _threads_left(pid: str) -> bool:
+    """Whether a zombie's thread group still has threads besides its ended leader."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
