@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -127,6 +128,20 @@ def test_model_processes_get_the_openmp_setting(server):
         assert env.get("GOMP_SPINCOUNT") == expected.get("GOMP_SPINCOUNT")
     log = server["log"].read_text()
     assert ("GOMP_SPINCOUNT=10000 for the model's OpenMP threads" in log) == bool(expected)
+
+
+def test_the_engine_returns_its_freed_heap_after_warm_up(server):
+    # runtime/heap.py: once warm, the engine process hands the pages that loading and
+    # warming up freed back to the system, and says how much in the log
+    log = server["log"].read_text()
+    m = re.search(
+        r"returned (\d+) MiB of freed heap to the system after loading and warm-up "
+        r"\(resident (\d+) -> (\d+) MiB",
+        log,
+    )
+    assert m, log[-3000:]
+    freed, before, after = (int(x) for x in m.groups())
+    assert after <= before and abs((before - after) - freed) <= 1
 
 
 def test_models(server):

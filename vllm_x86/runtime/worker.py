@@ -141,6 +141,9 @@ class X86Worker(CPUWorker):
         from vllm_x86.runtime.startup import compile_cache
 
         compile_cache.seal_after_warmup(self.vllm_config)  # see compile_cache.py
+        from vllm_x86.runtime import heap
+
+        heap.return_freed_memory("after loading and warm-up")
         return out
 
     def _maybe_get_memory_pool_context(self, tag: str):
