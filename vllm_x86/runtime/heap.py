@@ -50,12 +50,7 @@ def _libc_trim():
         libc = ctypes.CDLL(name)
     except OSError:
         return None
-    fn = getattr(libc, "malloc_trim", None)
-    if fn is None:
-        return None
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    return fn
+    return getattr(libc, "malloc_trim", None)  # int malloc_trim(size_t pad)
 
 
 def return_freed_memory(when: str) -> int | None:
@@ -73,7 +68,7 @@ def return_freed_memory(when: str) -> int | None:
         )
         return None
     before = resident_bytes()
-    trim(0)
+    trim(ctypes.c_size_t(0))
     after = resident_bytes()
     freed = max(0, before - after)
     logger.info(
