@@ -344,6 +344,7 @@ def _check_guard(AuthenticationMiddleware, api_auth):  # noqa: N803
     assert client.options("/invocations").status_code != 401  # CORS preflight, as vLLM
 
 
+@pytest.mark.slow  # imports vLLM in a fresh interpreter
 def test_greedy_sample_takes_the_same_tokens():
     """vLLM's sampler takes a greedy token with torch.max on CPU: the indices vLLM CPU's
     _C.greedy_argmax gives, on rows with ties, NaN and infinities, as int64."""

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def _run(code: str) -> str:
     out = subprocess.run(
@@ -48,6 +50,7 @@ subprocess.run = no_probe
 """
 
 
+@pytest.mark.slow  # imports vLLM in a fresh interpreter
 def test_a_second_start_reads_inductors_checks_back(tmp_path):
     # A first process computes the checks beside its start (start/wait) and remembers
     # them; a second one gets the same answers with torch's hashing and probing made
@@ -102,6 +105,7 @@ def test_inductor_checks_wait_without_start_is_a_no_op():
     inductor_checks.wait()
 
 
+@pytest.mark.slow  # imports vLLM in a fresh interpreter
 def test_triton_kernel_overrides_once_per_process_tree():
     # Registered in a parent (the daemon's role), the kernels stay rebound in a forked
     # child, which skips vLLM's scan of every module; a fresh process registers.
