@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import PYTHON, clean_env
@@ -608,7 +609,7 @@ def test_a_group_whose_main_thread_ended_still_runs_while_a_thread_holds_its_soc
     try:
         port = int(proc.stdout.readline())
         deadline = time.monotonic() + 10
-        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
             assert time.monotonic() < deadline, "the main thread did not end"
             time.sleep(0.05)
         with socket.socket() as c:

@@ -183,13 +183,22 @@ def is_daemon_process(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             cmd = fh.read().split(b"\0")
-        with open(f"/proc/{pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
-    if state == "Z":
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] == "Z":
         return False
     return any(DAEMON_MODULE.encode() in arg for arg in cmd)
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat's fields after the command (state, ppid, pgrp, ...), or None
+    where the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
 
 
 def remove_files(f: DaemonFiles) -> None:
@@ -211,13 +220,8 @@ def group_members(pgid: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        # after the command: state, ppid, pgrp, ...
-        if int(fields[2]) != pgid:
+        fields = _stat_fields(entry)
+        if fields is None or int(fields[2]) != pgid:
             continue
         if fields[0] == "Z" and not _threads_left(entry):
             continue
