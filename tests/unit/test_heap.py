@@ -29,6 +29,7 @@ print(json.dumps({"before": before, "after": heap.resident_bytes(), "freed": fre
 """
 
 MB = 10**6
+PAGES_BETWEEN_READS = 16
 
 
 def _run(**env: str) -> tuple[dict, str]:
@@ -44,7 +45,9 @@ def test_freed_heap_pages_go_back_to_the_system():
     out, _ = _run()
     assert out["before"] > 250 * MB  # the freed blocks were still resident
     assert out["before"] - out["after"] > 250 * MB
-    assert out["freed"] == out["before"] - out["after"]
+    # what it reports is the shrink it measured; the test's reads come a few
+    # allocations before and after its own, so they may differ by a few pages
+    assert abs(out["freed"] - (out["before"] - out["after"])) <= PAGES_BETWEEN_READS * 4096
 
 
 def test_turned_off_the_freed_pages_stay():
