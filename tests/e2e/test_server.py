@@ -144,6 +144,20 @@ def test_the_engine_returns_its_freed_heap_after_warm_up(server):
     assert after <= before and abs((before - after) - freed) <= 1
 
 
+def test_the_api_server_returns_the_heap_its_tokenizer_copies_freed(server):
+    # patches/frontend_warmup.py: the copies go through a JSON round trip of the Rust
+    # tokenizer; the API server gives the freed pages back once, and says so
+    log = server["log"].read_text()
+    m = re.search(
+        r"\(APIServer pid=\d+\).*returned (\d+) MiB of freed heap to the system after the "
+        r"tokenizer copies \(resident (\d+) -> (\d+) MiB",
+        log,
+    )
+    assert m, log[-3000:]
+    freed, before, after = (int(x) for x in m.groups())
+    assert after <= before and abs((before - after) - freed) <= 1
+
+
 def test_models(server):
     r = httpx.get(f"{server['base']}/v1/models", timeout=10)
     assert r.status_code == 200

@@ -165,7 +165,11 @@ FRONTEND_CODE = """
         tokenizer=path, model=path, tokenizer_revision=None, code_revision=None,
         trust_remote_code=False,
     )
+    from vllm_x86.runtime import heap
+    trims, trim = [], heap.return_freed_memory
+    heap.return_freed_memory = lambda when: trims.append((when, trim(when))) or trims[-1][1]
     fw.frontend_work(renderer)
+    print("trims:", [(when, type(freed).__name__) for when, freed in trims])
     print("copies after:", pool.qsize())
     print("distinct copies:", len({id(t) for t in list(pool.queue)} | {id(og)}))
     text = "The capital of France is Paris."
@@ -202,6 +206,8 @@ def test_frontend_warmup_makes_the_pool_copies_later_in_serve(default_model):
     assert "patched: True" in out  # this vLLM's pool has the structure the patch needs
     assert "copies at build: 0" in out
     assert "copies after: 2" in out
+    # and the heap pages the copies freed go back to the system, once (heap.py)
+    assert "trims: [('after the tokenizer copies', 'int')]" in out
     assert "distinct copies: 3" in out
     assert "same tokens: True" in out
     assert "template cached as vLLM finds it: True" in out
@@ -220,6 +226,7 @@ def test_frontend_warmup_elsewhere_keeps_vllms_copies_up_front(default_model, en
     out = _frontend(default_model, **env)
     assert "copies at build: 2" in out
     assert "copies after: 2" in out  # nothing owed, nothing added
+    assert "trims: []" in out
 
 
 @pytest.mark.slow  # a fresh interpreter importing vLLM (~10 s here)

@@ -31,7 +31,8 @@ loading the tokenizer a third time; (3) ``BaseRenderer.warmup`` waits for that t
 before it runs vLLM's warm-up, so the server never serves a request before the copies
 exist, and the chat template is resolved exactly as before (from the filled cache).
 Nothing vLLM computes changes, only when: the same copies of the same tokenizer, the
-same template. The pool and its ``og_tokenizer`` are found through the closure of vLLM's
+same template. The task then gives the heap pages the copies freed back to the system
+(``heap.py``). The pool and its ``og_tokenizer`` are found through the closure of vLLM's
 ``TokenizerPool`` methods; where a vLLM version builds its pool otherwise, the patch is
 not installed for the pool (a warning says so) and vLLM makes its copies up front as
 before. If the task fails, its error is logged and the server goes on: vLLM's pool makes
@@ -174,6 +175,12 @@ def frontend_work(renderer) -> None:
             for _ in range(copies):
                 pool.put(copy.deepcopy(og))  # what vLLM's maybe_make_thread_pool does
             done.append(f"{copies} tokenizer copies")
+            # a copy goes through a JSON round trip of the Rust tokenizer, whose
+            # temporaries glibc keeps: about 110 of the 230 MiB two copies of Qwen2.5's
+            # tokenizer leave resident (heap.py)
+            from vllm_x86.runtime import heap
+
+            heap.return_freed_memory("after the tokenizer copies")
         lookup = getattr(renderer_hf, "_try_get_processor_chat_template", None)
         if isinstance(renderer, renderer_hf.HfRenderer) and tokenizer is not None and lookup:
             mc = renderer.model_config
