@@ -90,6 +90,21 @@ def test_prepacked_equals_quantized_while_loading(tiny, tmp_path, bits, lm_head)
     assert prepacked["token_ids"] == on_the_fly["token_ids"]
 
 
+def test_input_embedding_read_from_the_file_gives_the_same_tokens(tiny):
+    """With its LM head in INT8, nothing computes with the tiny model's (tied) embedding
+    table: the engine reads its rows from the checkpoint file (ops/file_embedding.py),
+    says so, and gives exactly the tokens of the table held in memory."""
+    head = {"VLLM_X86_QUANT_LM_HEAD": "1"}
+    from_file = generate(tiny, "--quantization", "x86_int8", env=head)
+    in_memory = generate(
+        tiny, "--quantization", "x86_int8", env={**head, "VLLM_X86_FILE_EMBEDDING": "0"}
+    )
+    assert "model.embed_tokens (49152 x 256, 24 MiB) is read by row from" in from_file["log"]
+    assert "is read by row" not in in_memory["log"]
+    assert len(from_file["token_ids"][0]) == NEW_TOKENS
+    assert from_file["token_ids"] == in_memory["token_ids"]
+
+
 def test_kept_4bit_grid_prepacked_equals_quantized_while_loading(tiny, tmp_path):
     """A model already on a 4-bit grid of groups of 32 (a dequantized Q4_1): quantized
     while loading, its Linear layers keep the grid (the log says so once); the

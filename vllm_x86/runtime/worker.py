@@ -119,6 +119,9 @@ class X86Worker(CPUWorker):
         from vllm_x86.runtime.quant.lm_head import release_unshared_weights
 
         release_unshared_weights(self.model_runner.get_model())
+        from vllm_x86.runtime.ops import file_embedding
+
+        file_embedding.attach(self.model_runner.get_model(), self.vllm_config)
         if self.parallel_config.world_size > 1:
             logger.info(
                 "vllm-x86: rank %d: %s",

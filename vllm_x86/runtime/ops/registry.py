@@ -301,6 +301,18 @@ OVERRIDES: tuple[Override, ...] = (
         check="vllm_x86.runtime.ops.logits:refinable",
         cpp=False,
     ),
+    # the input embedding, when nothing computes with its table, read by row from the
+    # checkpoint file instead of held in memory (attached after loading: ops/file_embedding.py)
+    Override(
+        "module",
+        "vllm.model_executor.layers.vocab_parallel_embedding:VocabParallelEmbedding",
+        "vllm_x86.runtime.ops.file_embedding:X86FileEmbeddingMixin",
+        "a decode step reads one row of the input embedding per token, and with an untied "
+        "or quantized LM head nothing else reads the table (Qwen2.5-Coder-0.5B: 272 MB); "
+        "vLLM holds it in the engine's memory all the same",
+        check="vllm_x86.runtime.ops.file_embedding:eligible",
+        cpp=False,
+    ),
     # MoE routing: vLLM's CPU router asserts softmax where no expert groups are used
     Override(
         "router",

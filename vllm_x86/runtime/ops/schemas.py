@@ -56,6 +56,10 @@ def _like_query(query, key, value, layer_name):
     return query.new_empty(query.shape)
 
 
+def _embedding_rows(ids, weight, table):
+    return weight.new_empty((*ids.shape, weight.shape[1]))
+
+
 def _refined_logits(logits, hidden, weight, bias, rel):
     return logits.new_empty(logits.shape, dtype=torch.float32)
 
@@ -144,6 +148,13 @@ OPS: tuple[OpSchema, ...] = (
         "(Tensor query, Tensor key, Tensor value, str layer_name) -> Tensor",
         _like_query,
         "vllm_x86.runtime.ops.attention:attention",
+    ),
+    # the input embedding read by row from the checkpoint file (ops/file_embedding.py)
+    OpSchema(
+        "file_embedding",
+        "(Tensor ids, Tensor weight, str table) -> Tensor",
+        _embedding_rows,
+        "vllm_x86.runtime.ops.file_embedding:file_embedding",
     ),
     # Mamba-1 (ops/mamba.py): vLLM's _C.selective_scan_fwd schema and contract
     OpSchema(

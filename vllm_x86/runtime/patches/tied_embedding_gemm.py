@@ -63,3 +63,9 @@ def apply() -> None:
 
     setattr(dispatch_cpu_unquantized_gemm, MARK, True)
     layer_utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+
+
+def forget(weight) -> None:
+    """Drop the GEMM remembered for `weight` (once loading is done, so that a layer
+    giving up its ``cpu_linear`` frees it unless another layer holds it)."""
+    _PREPARED_GEMMS.pop(id(weight), None)
