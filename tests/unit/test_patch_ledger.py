@@ -118,6 +118,9 @@ NOT_PATCHES = {
     ),
     ("vllm_x86.runtime.quant.linear:_set", "attribute"): "a quantization method replaces "
     "its own layer's parameter (vLLM's LinearMethodBase interface)",
+    ("vllm_x86.runtime.ops.file_embedding:attach", "attribute"): "the op table's "
+    "VocabParallelEmbedding row: the switched module's table moves to its file and its "
+    "unused GEMM copy goes (model objects, not vLLM's code)",
     ("vllm_x86.runtime.quant.lm_head:release_unshared_weights", "attribute"): "the LM head "
     "method empties its own layer's bf16 weight once its quantized copy exists (vLLM's "
     "QuantizeMethodBase interface)",

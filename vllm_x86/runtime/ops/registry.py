@@ -309,7 +309,8 @@ OVERRIDES: tuple[Override, ...] = (
         "vllm_x86.runtime.ops.file_embedding:X86FileEmbeddingMixin",
         "a decode step reads one row of the input embedding per token, and with an untied "
         "or quantized LM head nothing else reads the table (Qwen2.5-Coder-0.5B: 272 MB); "
-        "vLLM holds it in the engine's memory all the same",
+        "vLLM holds it in the engine's memory all the same, and vLLM CPU a oneDNN copy of "
+        "it for a GEMM that only an LM head runs (dropped where the model has its own head)",
         check="vllm_x86.runtime.ops.file_embedding:eligible",
         cpp=False,
     ),

@@ -181,6 +181,22 @@ CONTENDERS: dict[str, Contender] = {
             args=("--quantization", "x86_int4"),
         ),
         Contender(
+            "plugin-int4-head-embed-mem",
+            "plugin-server",
+            "plugin-int4-head with the input embedding held in memory as vLLM holds it, "
+            "and vLLM CPU's oneDNN copy of it (VLLM_X86_FILE_EMBEDDING=0)",
+            {"VLLM_X86_QUANT_LM_HEAD": "1", "VLLM_X86_FILE_EMBEDDING": "0"},
+            args=("--quantization", "x86_int4"),
+        ),
+        Contender(
+            "plugin-int4-head4-embed-mem",
+            "plugin-server",
+            "plugin-int4-head4 with the input embedding held in memory as vLLM holds it, "
+            "and vLLM CPU's oneDNN copy of it (VLLM_X86_FILE_EMBEDDING=0)",
+            {"VLLM_X86_QUANT_LM_HEAD": "int4", "VLLM_X86_FILE_EMBEDDING": "0"},
+            args=("--quantization", "x86_int4"),
+        ),
+        Contender(
             "plugin-int4-head4-regroup",
             "plugin-server",
             "plugin-int4-head4 with every Linear layer rounded again into groups of 128 "
