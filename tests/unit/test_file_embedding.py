@@ -136,6 +136,23 @@ def test_the_table_stays_in_memory_where_something_may_read_it(checkpoint, case,
     assert torch.equal(emb(ids), torch.nn.functional.embedding(ids, before))
 
 
+def test_a_second_model_in_the_process_keeps_its_own_table(checkpoint, tmp_path):
+    """Two models with the same module names in one process: the second keeps its table
+    in memory, and its lookups read that table, not the first model's file."""
+    model_dir, table = checkpoint
+    first = Embedding(_param(table))
+    fe.attach(_model(first, _head(_param(table * 2), quantized=False)), _config(model_dir))
+    other = (table.float() + 1).to(torch.bfloat16)
+    second = Embedding(_param(other))
+    assert (
+        fe.attach(_model(second, _head(_param(other * 2), quantized=False)), _config(model_dir))
+        == 0
+    )
+    ids = torch.tensor([4, 2])
+    assert torch.equal(second(ids), torch.nn.functional.embedding(ids, other))
+    assert torch.equal(first(ids), torch.nn.functional.embedding(ids, table))
+
+
 def test_a_file_changed_under_the_server_is_an_error_naming_it(checkpoint):
     model_dir, table = checkpoint
     emb = Embedding(_param(table))

@@ -66,12 +66,16 @@ _TABLES: dict[str, FileTable] = {}
 
 
 def file_embedding(ids: torch.Tensor, weight: torch.Tensor, table: str) -> torch.Tensor:
-    """torch.ops.vllm_x86.file_embedding: rows `ids` of the table named, read from its
-    file, or ``F.embedding(ids, weight)`` when the table is held in memory. Opaque to
-    torch.compile (ops/schemas.py gives the output's shape)."""
+    """torch.ops.vllm_x86.file_embedding: ``F.embedding(ids, weight)`` when the module
+    holds its table, else rows `ids` of the table named, read from its file. Opaque to
+    torch.compile (ops/schemas.py gives the output's shape). The weight decides, not the
+    name, which a compiled graph holds as a constant: a module that kept its table in
+    memory never reads another's file."""
+    if weight.shape[0] > 0:
+        return torch.nn.functional.embedding(ids, weight)
     ft = _TABLES.get(table)
     if ft is None:
-        return torch.nn.functional.embedding(ids, weight)
+        raise RuntimeError(f"the input embedding {table!r} has neither rows nor a file")
     out = torch.empty((*ids.shape, weight.shape[1]), dtype=weight.dtype)
     if out.numel() == 0:
         return out
@@ -237,6 +241,9 @@ def attach(model, vllm_config) -> int:
         ]
         if readers:
             keep(name, mod, f"{type(readers[0]).__name__} computes with the same weight")
+            continue
+        if name in _TABLES:
+            keep(name, mod, "another model in this process reads a table of that name")
             continue
         if not model_dir.is_dir():
             keep(name, mod, "the model is not a local directory")
