@@ -75,3 +75,58 @@ def test_cpu_only_monitor_reports_no_pss():
     finally:
         p.kill()
         p.wait()
+
+
+# maps 64 MiB of anonymous memory, writes 16 MiB of it, prints the mapping's range
+KV_CHILD = """
+import ctypes, mmap, sys
+mm = mmap.mmap(-1, 64 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+for off in range(0, 16 << 20, 4096):
+    mm[off] = 1
+print(addr, addr + (64 << 20), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_kv_cache_pages_are_counted_apart():
+    """The pages of the ranges the KV cache lies in are counted page by page and taken
+    out of the PSS: 16 MiB written of a 64 MiB mapping."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", KV_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        start, end = (int(x) for x in p.stdout.readline().split())
+        with TreeMonitor(p.pid, interval=0.02, kv_ranges=lambda: {p.pid: [(start, end)]}) as m:
+            time.sleep(0.2)
+        r = m.result()
+        assert 16.0 <= r["kv_resident_mib"] < 16.5, r
+        assert r["peak_pss_mib"] > 16
+        assert abs(r["peak_pss_less_kv_mib"] - (r["peak_pss_mib"] - r["kv_resident_mib"])) < 2
+        # not told where a cache lies (stock vLLM): no figure, not a zero
+        with TreeMonitor(p.pid, interval=0.02, kv_ranges=lambda: {}) as m:
+            time.sleep(0.1)
+        assert m.result()["kv_resident_mib"] is None
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_kv_ranges_come_from_the_engines_log_line(tmp_path):
+    from vllm_x86.tools.bench.server import kv_ranges_in_log
+
+    log = tmp_path / "server.log"
+    log.write_text(
+        "(APIServer pid=10) INFO ... non-default args\n"
+        "(EngineCore pid=12) INFO 12-06 23:20:02 [kv_alloc.py:97] KV cache: 1.00 GiB of fresh "
+        "zero pages at 0x7f0000000000-0x7f0040000000 (mapped, not written: ...)\n"
+        "(Worker pid=13) INFO ... KV cache: 0.50 GiB of fresh zero pages at "
+        "0x10000-0x20000, 0x30000-0x40000 (mapped, ...)\n"
+    )
+    assert kv_ranges_in_log(log) == {
+        12: [(0x7F0000000000, 0x7F0040000000)],
+        13: [(0x10000, 0x20000), (0x30000, 0x40000)],
+    }
+    log.write_text("(APIServer pid=10) INFO stock vLLM: no such line\n")
+    assert kv_ranges_in_log(log) == {}
+    assert kv_ranges_in_log(tmp_path / "missing.log") == {}

@@ -78,6 +78,7 @@ class fresh_zero_pages(TorchFunctionMode):  # noqa: N801 (used as a context mana
     def __init__(self) -> None:
         super().__init__()
         self.served: list[int] = []  # bytes of each buffer served, for the log and tests
+        self.ranges: list[tuple[int, int]] = []  # their addresses [start, end)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -88,14 +89,19 @@ class fresh_zero_pages(TorchFunctionMode):  # noqa: N801 (used as a context mana
                 size = args[0] if len(args) == 1 and not isinstance(args[0], int) else args
                 out = zero_pages(numel, dtype).view(tuple(size))
                 self.served.append(out.numel() * out.element_size())
+                self.ranges.append((out.data_ptr(), out.data_ptr() + self.served[-1]))
                 return out
         return func(*args, **kwargs)
 
     def __exit__(self, *exc):
         if self.served and exc[0] is None:
+            # the addresses let a reader of /proc/PID/smaps count the cache's resident
+            # pages apart (the bench's kv_pss_mib)
             logger.info(
-                "KV cache: %.2f GiB of fresh zero pages (mapped, not written: pages are "
-                "claimed as the cache fills; VLLM_X86_KV_ZERO_PAGES=0 zeroes it at start-up)",
+                "KV cache: %.2f GiB of fresh zero pages at %s (mapped, not written: pages "
+                "are claimed as the cache fills; VLLM_X86_KV_ZERO_PAGES=0 zeroes it at "
+                "start-up)",
                 sum(self.served) / (1 << 30),
+                ", ".join(f"{a:#x}-{b:#x}" for a, b in self.ranges),
             )
         return super().__exit__(*exc)

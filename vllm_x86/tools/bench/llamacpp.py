@@ -39,6 +39,10 @@ NOT_APPLICABLE = (
     "n/a: llama-cpp-python's Llama decodes one sequence at a time (no continuous "
     "batching; its server serves one request at a time)"
 )
+NOT_APART = (
+    "n/a: llama.cpp's KV cache (allocated for its whole context at load) is part of its "
+    "process's memory and not told apart"
+)
 
 
 def crash_hint(returncode: int | None) -> str:
@@ -184,6 +188,8 @@ def _child(args: argparse.Namespace) -> dict:
         else:
             m[f"decode_{c}_tok_s"] = None
     m["not_applicable"] = {f"decode_{c}_tok_s": NOT_APPLICABLE for c in w.concurrency if c > 1}
+    for key in ("kv_resident_mib", "peak_pss_less_kv_mib"):
+        m["not_applicable"][key] = NOT_APART
     m["threads"] = args.threads
     m["raw"] = raw
     # the model still loaded: its largest; read as the monitor reads the others' (psutil)

@@ -10,6 +10,14 @@ Memory, summed over every process of the tree:
 - ``peak_pss_mib``: the largest sum of PSS seen in the samples. PSS splits each shared
   page between the processes that map it, so the sum is the tree's real share of
   memory; being sampled, it can miss a peak between two samples.
+- ``kv_resident_mib`` and ``peak_pss_less_kv_mib``, where the monitor is told where the
+  KV cache lies (``kv_ranges``: the plugin's engine logs its cache's address ranges): the
+  most of the cache's pages seen resident, counted page by page in /proc/PID/pagemap
+  (present or swapped; the cache is the engine's private memory, so those pages count
+  whole in its PSS), and the largest PSS sum less them. The KV cache is reserved at
+  start but claimed page by page as requests write it, and vLLM hands out blocks never
+  used before ahead of freed ones, so what a run leaves resident depends on how many
+  tokens it served, not on the model's own footprint.
 
 Reading PSS is not free: the kernel walks every page table of the process to answer
 /proc/PID/smaps_rollup, about 80 ms of a CPU per sample of a served 0.6B model's tree
@@ -30,7 +38,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psutil
@@ -68,14 +76,47 @@ def other_cpu_pct(seconds: float = 1.0) -> float:
     return max(0.0, 100.0 * busy / (time.monotonic() - t0))
 
 
+def resident_bytes_in(pid: int, ranges: list[tuple[int, int]]) -> int | None:
+    """Bytes of the address ranges [start, end) of process `pid` whose pages are resident
+    or swapped (/proc/PID/pagemap: bit 63 present, bit 62 swapped; readable for one's own
+    processes); None where it cannot be read."""
+    import numpy as np
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    try:
+        with open(f"/proc/{pid}/pagemap", "rb") as f:
+            for start, end in ranges:
+                first, last = start // page, (end + page - 1) // page
+                f.seek(first * 8)
+                entries = np.frombuffer(f.read((last - first) * 8), dtype=np.uint64)
+                total += int(np.count_nonzero(entries >> np.uint64(62))) * page
+    except (OSError, ValueError):
+        return None
+    return total
+
+
 class TreeMonitor:
     """Samples a process tree every `interval` seconds in a background thread; PSS
-    too where `pss` and not inside ``quiet()``."""
+    too where `pss` and not inside ``quiet()``, and then the KV cache's resident pages
+    where `kv_ranges` (called at each such sample until it answers) gives
+    {pid: [(start, end), ...]} of the caches."""
 
-    def __init__(self, pid: int, interval: float = 0.25, pss: bool = True):
+    def __init__(
+        self,
+        pid: int,
+        interval: float = 0.25,
+        pss: bool = True,
+        kv_ranges: Callable[[], dict[int, list[tuple[int, int]]]] | None = None,
+    ):
         self.pid = pid
         self.interval = interval
         self.pss = pss
+        self.kv_ranges = kv_ranges
+        self._kv: dict[int, list[tuple[int, int]]] = {}
+        self.peak_kv = 0
+        self.peak_pss_less_kv = 0
+        self.kv_samples = 0
         self._quiet = 0  # sections inside quiet() now
         self._lock = threading.Lock()  # one sample at a time
         self.hwm: dict[int, int] = {}  # pid -> peak RSS seen (VmHWM)
@@ -169,7 +210,21 @@ class TreeMonitor:
         if with_pss:
             self.pss_samples += 1
             self.peak_pss = max(self.peak_pss, pss)
+            kv = self._kv_resident({p.pid for p in procs})
+            if kv is not None:
+                self.kv_samples += 1
+                self.peak_kv = max(self.peak_kv, kv)
+                self.peak_pss_less_kv = max(self.peak_pss_less_kv, pss - kv)
         self.peak_procs = max(self.peak_procs, len(procs))
+
+    def _kv_resident(self, pids: set[int]) -> int | None:
+        """Resident bytes of the tree's KV caches, or None (not told where they are)."""
+        if not self._kv and self.kv_ranges is not None:
+            self._kv = self.kv_ranges() or {}
+        found = [resident_bytes_in(pid, r) for pid, r in self._kv.items() if pid in pids]
+        if not found or any(b is None for b in found):
+            return None
+        return sum(found)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -181,6 +236,8 @@ class TreeMonitor:
             "peak_rss_mib": sum(self.hwm.values()) / MiB,
             "peak_rss_sampled_mib": self.peak_rss_sampled / MiB,
             "peak_pss_mib": self.peak_pss / MiB if self.pss_samples else None,
+            "kv_resident_mib": self.peak_kv / MiB if self.kv_samples else None,
+            "peak_pss_less_kv_mib": self.peak_pss_less_kv / MiB if self.kv_samples else None,
             "peak_processes": self.peak_procs,
             "memory_samples": self.samples,
             "pss_samples": self.pss_samples,

@@ -240,6 +240,9 @@ def _fmt(v: float, digits: int) -> str:
     return f"{v:.{digits}f}"
 
 
+_SUP = "¹²³⁴⁵⁶⁷⁸⁹"
+
+
 def _cell(s: dict, digits: int) -> str:
     if "not_applicable" in s:
         return "n/a¹"
@@ -289,13 +292,15 @@ def render_markdown(results: dict) -> str:
         lines.append(f"- **{c['name']}**: {c['description']}")
     head = ["figure: median (min–max)", *names, *[f"{n}/{base}" for n in others]]
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    notes: dict[str, str] = {}
+    notes: dict[tuple[str, str], int] = {}  # (contender, why) -> footnote number
     for f in figures(w):
         cells = [f.label + ("" if f.higher_is_better else ", lower is better")]
         for n in names:
             s = results["summary"][n][f.key]
             if "not_applicable" in s:
-                notes.setdefault(n, s["not_applicable"])
+                mark = _SUP[notes.setdefault((n, s["not_applicable"]), len(notes))]
+                cells.append("n/a" + mark)
+                continue
             cells.append(_cell(s, f.digits))
         for n in others:
             cells.append(_ratio_cell(results["ratios"][f"{n}/{base}"].get(f.key)))
@@ -305,8 +310,8 @@ def render_markdown(results: dict) -> str:
         f"Ratios: {', '.join(f'{n}/{base}' for n in others) or '-'}, median (min–max) of the "
         "per-round ratios."
     )
-    for n, why in notes.items():
-        lines.append(f"¹ {n}: {why}.")
+    for (n, why), i in notes.items():
+        lines.append(f"{_SUP[i]} {n}: {why}.")
     lines += _per_round(results, w, names, base, others)
 
     busy = {

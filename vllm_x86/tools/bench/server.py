@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -244,6 +245,27 @@ async def _drive(
         return m, raw
 
 
+_KV_LINE = re.compile(
+    r"pid=(\d+)\)[^\n]*KV cache: [\d.]+ GiB of fresh zero pages at ((?:0x[0-9a-f]+-0x[0-9a-f]+(?:, )?)+)"
+)
+
+
+def kv_ranges_in_log(log_path: Path) -> dict[int, list[tuple[int, int]]]:
+    """{pid: [(start, end), ...]} of the KV caches the plugin's workers logged
+    (runtime/startup/kv_alloc.py); empty for a server that logged none (stock vLLM, or
+    VLLM_X86_KV_ZERO_PAGES=0)."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return {}
+    out: dict[int, list[tuple[int, int]]] = {}
+    for m in _KV_LINE.finditer(text):
+        for r in m.group(2).split(", "):
+            a, b = r.split("-")
+            out.setdefault(int(m.group(1)), []).append((int(a, 16), int(b, 16)))
+    return out
+
+
 def measure_server(
     contender: Contender,
     model: str,
@@ -267,7 +289,7 @@ def measure_server(
             cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         srv = _Server(f"http://127.0.0.1:{port}", proc, log_path)
-        sampler = TreeMonitor(proc.pid)
+        sampler = TreeMonitor(proc.pid, kv_ranges=lambda: kv_ranges_in_log(log_path))
         try:
             with sampler:
                 metrics, raw = asyncio.run(_drive(srv, t_launch, prompts, w, timeout_s, sampler))

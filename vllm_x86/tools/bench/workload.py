@@ -17,7 +17,9 @@ Figures (one value per contender per round):
   request (a 1-token request sent as soon as the contender can take it);
 - ``peak_rss_mib``: peak RSS of the contender's process tree, each process's own peak
   added up; ``peak_pss_mib``: the largest sum of PSS sampled, which counts pages the
-  processes share once (``proctree`` says how both are read);
+  processes share once (``proctree`` says how both are read); ``kv_resident_mib``: the
+  most of the KV cache's pages seen resident, and ``peak_pss_less_kv_mib``: the PSS sum
+  less them (the plugin's servers, which log where their cache lies);
 - ``roofline_pct``: ``decode_1_tok_s`` as a percentage of the decode roofline (see
   ``roofline``).
 """
@@ -73,6 +75,8 @@ def figures(w: Workload) -> list[Figure]:
         Figure("startup_s", "start-up to first token (s)", False),
         Figure("peak_rss_mib", "peak RSS, process tree (MiB)", False, 0),
         Figure("peak_pss_mib", "peak PSS, process tree (MiB)", False, 0),
+        Figure("peak_pss_less_kv_mib", "peak PSS less the KV cache's pages (MiB)", False, 0),
+        Figure("kv_resident_mib", "KV cache resident, peak (MiB)", False, 0),
         Figure("roofline_pct", "decode, 1 request, % of roofline", True),
     ]
     return out
