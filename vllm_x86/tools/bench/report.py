@@ -294,9 +294,12 @@ def render_markdown(results: dict) -> str:
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes: dict[tuple[str, str], int] = {}  # (contender, why) -> footnote number
     for f in figures(w):
+        per = {n: results["summary"][n].get(f.key, {"missing": True}) for n in names}
+        if all("missing" in v for v in per.values()):
+            continue  # a figure no contender has (a summary older than the figure)
         cells = [f.label + ("" if f.higher_is_better else ", lower is better")]
         for n in names:
-            s = results["summary"][n][f.key]
+            s = per[n]
             if "not_applicable" in s:
                 mark = _SUP[notes.setdefault((n, s["not_applicable"]), len(notes))]
                 cells.append("n/a" + mark)
