@@ -54,6 +54,9 @@ def quick(default_model, tmp_path_factory):
     return {"names": names, "proc": p, "dir": run_dir, "results": results}
 
 
+KV_FIGURES = ("kv_resident_mib", "peak_pss_less_kv_mib")
+
+
 def test_every_figure_for_every_contender(quick):
     res = quick["results"]
     w = Workload(**{**res["workload"], "concurrency": tuple(res["workload"]["concurrency"])})
@@ -65,9 +68,18 @@ def test_every_figure_for_every_contender(quick):
             if name == "llamacpp" and f.key in ("decode_8_tok_s", "decode_32_tok_s"):
                 assert "one sequence at a time" in s["not_applicable"]
                 continue
+            if f.key in KV_FIGURES and name != "plugin":
+                # the KV cache apart: only the plugin's worker says where its cache lies
+                if name == "llamacpp":
+                    assert "not told apart" in s["not_applicable"]
+                else:
+                    assert s == {"missing": True}, (name, f.key, s)
+                continue
             assert s["n"] == 1 and s["median"] > 0, (name, f.key, s)
+    kv = res["summary"]["plugin"]
+    assert kv["peak_pss_less_kv_mib"]["median"] < kv["peak_pss_mib"]["median"]
     for f in figures(w):
-        if f.key not in ("decode_8_tok_s", "decode_32_tok_s"):
+        if f.key not in ("decode_8_tok_s", "decode_32_tok_s", *KV_FIGURES):
             assert len(res["ratios"]["plugin/stock"][f.key]["per_round"]) == 1
 
 
