@@ -207,8 +207,9 @@ SETTINGS: tuple[Setting, ...] = (
         "1",
         "An input embedding whose table nothing computes with (an untied or INT8/INT4 LM "
         "head) is read by row from the checkpoint's safetensors file instead of held in "
-        "the engine's memory (ops/file_embedding.py): 272 MB less for Qwen2.5-Coder-0.5B. "
-        "0: every table in memory, as vLLM holds it.",
+        "the engine's memory (ops/file_embedding.py): 272 MB less for Qwen2.5-Coder-0.5B; "
+        "and vLLM CPU's oneDNN copy of an input embedding is dropped where the model has "
+        "its own LM head (as much again). 0: both as vLLM holds them.",
     ),
     Setting(
         "VLLM_X86_FRONTEND_WARMUP",
