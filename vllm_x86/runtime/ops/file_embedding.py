@@ -195,7 +195,7 @@ def attach(model, vllm_config) -> int:
     if not switched:
         return 0
 
-    def keep(name, mod, why):
+    def keep(name, why):
         logger.info("vllm-x86: the input embedding %s stays in memory: %s", name, why)
 
     model_dir = Path(str(vllm_config.model_config.model))
@@ -215,7 +215,7 @@ def attach(model, vllm_config) -> int:
         mod.x86_table_name = name
         w = mod.weight
         if not has_head:
-            keep(name, mod, "the model has no LM head of its own and may compute with it")
+            keep(name, "the model has no LM head of its own and may compute with it")
             continue
         # vLLM CPU prepares a oneDNN GEMM (a reordered copy of the table) for every
         # embedding; only an LM head runs it, and this module is not the head: a tied
@@ -227,30 +227,31 @@ def attach(model, vllm_config) -> int:
             del mod.cpu_linear
             tied_embedding_gemm.forget(w)
         if shared:
-            keep(name, mod, f"{shared} may read its weight")
+            keep(name, f"{shared} may read its weight")
             continue
+        table = w.untyped_storage().data_ptr()
         readers = [
             other
             for other in model.modules()
             if other is not mod
             and id(other) not in own_copy
             and any(
-                p.numel() and p.untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
+                p.numel() and p.untyped_storage().data_ptr() == table
                 for p in other.parameters(recurse=False)
             )
         ]
         if readers:
-            keep(name, mod, f"{type(readers[0]).__name__} computes with the same weight")
+            keep(name, f"{type(readers[0]).__name__} computes with the same weight")
             continue
         if name in _TABLES:
-            keep(name, mod, "another model in this process reads a table of that name")
+            keep(name, "another model in this process reads a table of that name")
             continue
         if not model_dir.is_dir():
-            keep(name, mod, "the model is not a local directory")
+            keep(name, "the model is not a local directory")
             continue
         ft = _find(model_dir, w, name)
         if ft is None:
-            keep(name, mod, "no safetensors tensor of the checkpoint holds the same bytes")
+            keep(name, "no safetensors tensor of the checkpoint holds the same bytes")
             continue
         _TABLES[name] = ft
         size = w.numel() * w.element_size()
@@ -261,7 +262,7 @@ def attach(model, vllm_config) -> int:
             "instead of held in memory (VLLM_X86_FILE_EMBEDDING=0 keeps it)",
             name,
             ft.rows,
-            ft.row_bytes // torch.empty((), dtype=w.dtype).element_size(),
+            w.shape[1],
             size / 2**20,
             Path(ft.path).name,
         )

@@ -95,8 +95,8 @@ class fresh_zero_pages(TorchFunctionMode):  # noqa: N801 (used as a context mana
 
     def __exit__(self, *exc):
         if self.served and exc[0] is None:
-            # the addresses let a reader of /proc/PID/smaps count the cache's resident
-            # pages apart (the bench's kv_pss_mib)
+            # the addresses let a reader of /proc/PID/pagemap count the cache's resident
+            # pages apart (the bench's kv_resident_mib, tools/bench/proctree.py)
             logger.info(
                 "KV cache: %.2f GiB of fresh zero pages at %s (mapped, not written: pages "
                 "are claimed as the cache fills; VLLM_X86_KV_ZERO_PAGES=0 zeroes it at "
