@@ -41,7 +41,7 @@ def tiny(default_model):
 
 
 def generate(
-    model, *extra, dtype="bfloat16", check=True, env=None
+    model, *extra, dtype="bfloat16", check=True, env=None, eager=True, prompts=PROMPTS
 ) -> dict | subprocess.CompletedProcess:
     r = subprocess.run(
         [
@@ -51,9 +51,9 @@ def generate(
             str(model),
             "--dtype",
             dtype,
-            "--eager",
+            *(["--eager"] if eager else []),
             "--prompt-ids",
-            json.dumps(PROMPTS),
+            json.dumps(prompts),
             "--max-tokens",
             str(NEW_TOKENS),
             *extra,
@@ -103,6 +103,52 @@ def test_input_embedding_read_from_the_file_gives_the_same_tokens(tiny):
     assert "is read by row" not in in_memory["log"]
     assert len(from_file["token_ids"][0]) == NEW_TOKENS
     assert from_file["token_ids"] == in_memory["token_ids"]
+
+
+# two requests decoded together (a decode step of two rows), of different lengths
+TWO_PROMPTS = PROMPTS + [[1, 2683, 314, 253, 3458, 30]]
+
+
+@pytest.mark.parametrize("quantization", ["x86_int4", "x86_int8"])
+def test_fused_decode_layer_gives_the_same_tokens(tiny, quantization):
+    """Decode steps of the tiny Llama's layers in one C++ call each
+    (ops/decoder_layer.py): the log says the op table took its 4 layers, and the greedy
+    tokens of two requests decoded together are exactly those of the layers' own code,
+    eager. Compiled, prefill runs the same compiled graph with the setting on and off
+    (the same first tokens) and decode steps run outside it; later tokens of this
+    random model may part where Inductor's rounding and the kernels' differ on a near
+    tie, so they are not compared."""
+    fused = generate(tiny, "--quantization", quantization, prompts=TWO_PROMPTS)
+    own = generate(
+        tiny,
+        "--quantization",
+        quantization,
+        prompts=TWO_PROMPTS,
+        env={"VLLM_X86_FUSED_DECODE_LAYER": "0"},
+    )
+    assert "4 LlamaDecoderLayer modules use the fused kernel" in fused["log"]
+    assert "LlamaDecoderLayer keeps vLLM's code: VLLM_X86_FUSED_DECODE_LAYER=0" in own["log"]
+    assert "decode steps keep the layer's own code" not in fused["log"]
+    assert [len(t) for t in fused["token_ids"]] == [NEW_TOKENS, NEW_TOKENS]
+    assert fused["token_ids"] == own["token_ids"]
+    if quantization == "x86_int4":
+        kw = dict(prompts=TWO_PROMPTS, eager=False)
+        compiled = generate(tiny, "--quantization", quantization, **kw)
+        graph_only = generate(
+            tiny, "--quantization", quantization, env={"VLLM_X86_FUSED_DECODE_LAYER": "0"}, **kw
+        )
+        assert "1 LlamaModel use the plugin's code" in compiled["log"]
+        assert "LlamaModel keeps vLLM's code: VLLM_X86_FUSED_DECODE_LAYER=0" in graph_only["log"]
+        assert [len(t) for t in compiled["token_ids"]] == [NEW_TOKENS, NEW_TOKENS]
+        assert [t[0] for t in compiled["token_ids"]] == [t[0] for t in graph_only["token_ids"]]
+
+
+def test_bf16_layers_keep_their_own_code(tiny):
+    """A bf16 model's layers are not switched (their GEMMs are vLLM's): the op table says
+    why."""
+    r = generate(tiny, prompts=TWO_PROMPTS)
+    assert "LlamaDecoderLayer keeps vLLM's code: self_attn.qkv_proj: bf16" in r["log"]
+    assert [len(t) for t in r["token_ids"]] == [NEW_TOKENS, NEW_TOKENS]
 
 
 def test_kept_4bit_grid_prepacked_equals_quantized_while_loading(tiny, tmp_path):

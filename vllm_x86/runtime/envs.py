@@ -87,6 +87,18 @@ SETTINGS: tuple[Setting, ...] = (
         "kernels always.",
     ),
     Setting(
+        "VLLM_X86_FUSED_DECODE_LAYER",
+        "1",
+        "1: decode steps of Llama and Qwen2 decoder layers whose four linear layers run the "
+        "plugin's INT8 or INT4 kernels call one C++ op per layer "
+        "(torch.ops.vllm_x86.decode_layer: the norms, QKV, rotary, KV-cache write and "
+        "attention, output projection, MLP, with the same kernels and results as the "
+        "plugin's eager path) instead of about ten ops with Python between them; a "
+        "compiled model whose layers all take it runs its decode steps so, outside the "
+        "compiled graph. Prefill, long contexts and layers it does not take keep the "
+        "layer's own code (compiled where the model is). 0: the layer's own code always.",
+    ),
+    Setting(
         "VLLM_X86_QUANT_GROUP_SIZE",
         "128",
         "x86_int4 quantizing a bf16 checkpoint while it loads: input channels per scale "

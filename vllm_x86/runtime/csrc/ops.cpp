@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "amx_gemm.h"
@@ -736,6 +737,95 @@ at::Tensor int4_w4a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::T
                          std::min(e * 4, nblocks), scratch);
   });
   return out;
+}
+
+namespace {
+
+// One of a decoder layer's four linear layers in decode_layer's weights list, from index
+// i: the packed weight, its scale, its zero points (INT4) and its float32 bias (or
+// none); group 0 is the INT8 kernel, else the INT4 kernel's group size.
+at::Tensor layer_linear(const at::Tensor& x, const std::vector<std::optional<at::Tensor>>& w,
+                        size_t i, int64_t group) {
+  TORCH_CHECK(w[i].has_value() && w[i + 1].has_value(),
+              "vllm-x86 decode_layer: linear layer ", i / 4, " has no weight or scale");
+  if (group == 0) return int8_w8a16_gemm(x, *w[i], *w[i + 1], w[i + 3]);
+  TORCH_CHECK(w[i + 2].has_value(), "vllm-x86 decode_layer: INT4 linear layer ", i / 4,
+              " has no zero points");
+  return int4_w4a16_gemm(x, *w[i], *w[i + 1], *w[i + 2], group, w[i + 3]);
+}
+
+}  // namespace
+
+// A decode step of a Llama / Qwen2-style decoder layer in one call: the calls the plugin's
+// eager path makes for the layer (ops/decoder_layer.py's reference runs exactly these ops
+// from Python), without returning to Python between them. Inputs are never written: the
+// KV cache is, by decode_attention.
+//   weights: input norm, post-attention norm, then (weight, scale, zeros, bias) for
+//            qkv_proj, o_proj, gate_up_proj, down_proj, then the rotary cos|sin cache in
+//            the activations' dtype (19 entries)
+//   ints:    the four linear layers' INT4 group sizes (0: INT8), query heads, KV heads,
+//            head size, neox rotary (0/1), KV cache layout (decode_attention's), float32
+//            residual stream (0/1)
+//   floats:  input norm epsilon, post-attention norm epsilon, attention scale
+// Returns (the MLP's output, the residual stream).
+std::tuple<at::Tensor, at::Tensor> decode_layer(
+    const at::Tensor& hidden, const std::optional<at::Tensor>& residual,
+    const at::Tensor& positions, const std::vector<std::optional<at::Tensor>>& weights,
+    const std::vector<int64_t>& ints, const std::vector<double>& floats, at::Tensor& kv_cache,
+    const at::Tensor& slot_mapping, const at::Tensor& block_table, const at::Tensor& seq_lens) {
+  const char* op = "vllm-x86 decode_layer: ";
+  TORCH_CHECK(weights.size() == 19 && ints.size() == 10 && floats.size() == 3, op,
+              "expects 19 weights, 10 ints and 3 floats (got ", weights.size(), ", ",
+              ints.size(), ", ", floats.size(), ")");
+  TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), op,
+              "hidden must be a contiguous [tokens, hidden] tensor");
+  TORCH_CHECK(weights[18].has_value(), op, "no rotary cos|sin cache");
+  const int64_t nq = ints[4], nk = ints[5], hd = ints[6];
+  const bool neox = ints[7] != 0, f32res = ints[9] != 0;
+  const int64_t layout = ints[8];
+  const double eps1 = floats[0], eps2 = floats[1], scale = floats[2];
+
+  // input norm (layer 0 has no residual yet: the residual stream starts as its input)
+  at::Tensor x, res;
+  if (!residual.has_value()) {
+    x = at::empty_like(hidden);
+    rms_norm(x, hidden, weights[0], eps1);
+    res = f32res ? hidden : hidden.clone();
+  } else {
+    x = hidden.clone();
+    if (f32res) {
+      res = residual->scalar_type() == at::kFloat ? residual->clone()
+                                                  : residual->to(at::kFloat);
+      fused_add_rms_norm_f32res(x, res, weights[0], eps1);
+    } else {
+      res = residual->clone();
+      fused_add_rms_norm(x, res, weights[0], eps1);
+    }
+  }
+
+  // attention: qkv, rotary of q and k in place, the KV-cache write and attention
+  at::Tensor qkv = layer_linear(x, weights, 2, ints[0]);
+  TORCH_CHECK(qkv.size(1) == (nq + 2 * nk) * hd, op, "qkv_proj gives ", qkv.size(1),
+              " channels, not (", nq, " + 2 x ", nk, ") heads of ", hd);
+  at::Tensor q = qkv.narrow(1, 0, nq * hd);
+  std::optional<at::Tensor> k = qkv.narrow(1, nq * hd, nk * hd);
+  at::Tensor v = qkv.narrow(1, (nq + nk) * hd, nk * hd);
+  rotary_embedding(positions, q, k, hd, *weights[18], neox);
+  at::Tensor attn = at::empty({hidden.size(0), nq * hd}, hidden.options());
+  decode_attention(attn, q, *k, v, kv_cache, slot_mapping, block_table, seq_lens, scale, layout);
+  at::Tensor o = layer_linear(attn, weights, 6, ints[1]);
+
+  // post-attention norm, then the MLP
+  if (f32res) {
+    if (res.scalar_type() != at::kFloat) res = res.to(at::kFloat);
+    fused_add_rms_norm_f32res(o, res, weights[1], eps2);
+  } else {
+    fused_add_rms_norm(o, res, weights[1], eps2);
+  }
+  at::Tensor gate_up = layer_linear(o, weights, 10, ints[2]);
+  at::Tensor act = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+  silu_and_mul(act, gate_up);
+  return {layer_linear(act, weights, 14, ints[3]), res};
 }
 
 std::vector<int64_t> bind_threads(const std::vector<int64_t>& cpus) {

@@ -79,5 +79,10 @@ at::Tensor int8_w8a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::T
 at::Tensor int4_w4a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
                            const at::Tensor& zeros, int64_t group_size,
                            const std::optional<at::Tensor>& bias);
+std::tuple<at::Tensor, at::Tensor> decode_layer(
+    const at::Tensor& hidden, const std::optional<at::Tensor>& residual,
+    const at::Tensor& positions, const std::vector<std::optional<at::Tensor>>& weights,
+    const std::vector<int64_t>& ints, const std::vector<double>& floats, at::Tensor& kv_cache,
+    const at::Tensor& slot_mapping, const at::Tensor& block_table, const at::Tensor& seq_lens);
 
 }  // namespace vllm_x86

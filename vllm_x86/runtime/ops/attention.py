@@ -83,6 +83,24 @@ _decode_told: set[str] = set()
 def decode_attention_problem(attn, dtype: torch.dtype) -> str | None:
     """None if this layer's decode steps may run torch.ops.vllm_x86.decode_attention,
     else why not (asked once per layer; direct_attention_problem has accepted it)."""
+    from vllm_x86.runtime.ops import kernels
+
+    why = static_decode_attention_problem(attn)
+    if why is not None:
+        return why
+    layout = _DECODE_LAYOUTS.get(getattr(attn, "isa", None))
+    if layout is None:
+        return f"vLLM's attention ISA {getattr(attn, 'isa', None)!r} has a KV cache layout the kernel does not read"
+    if layout == 1 and (dtype != torch.bfloat16 or kernels.isa() == "avx2"):
+        return "the amx KV cache layout needs bfloat16 and the AVX-512 kernels"
+    if attn.kv_cache.dtype != dtype or dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"KV cache dtype {attn.kv_cache.dtype} with {dtype} activations"
+    return None
+
+
+def static_decode_attention_problem(attn) -> str | None:
+    """The part of decode_attention_problem that a loaded model already answers (before
+    its KV cache and attention ISA exist)."""
     from vllm_x86.runtime import envs
     from vllm_x86.runtime.ops import kernels
 
@@ -91,13 +109,6 @@ def decode_attention_problem(attn, dtype: torch.dtype) -> str | None:
         return "VLLM_X86_DECODE_ATTENTION=0"
     if not kernels.available():
         return kernels.load_error() or "the plugin's kernels are not built"
-    layout = _DECODE_LAYOUTS.get(getattr(attn, "isa", None))
-    if layout is None:
-        return f"vLLM's attention ISA {getattr(attn, 'isa', None)!r} has a KV cache layout the kernel does not read"
-    if layout == 1 and (dtype != torch.bfloat16 or kernels.isa() == "avx2"):
-        return "the amx KV cache layout needs bfloat16 and the AVX-512 kernels"
-    if attn.kv_cache.dtype != dtype or dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        return f"KV cache dtype {attn.kv_cache.dtype} with {dtype} activations"
     if impl.alibi_slopes is not None:
         return "ALiBi"
     if impl.sliding_window not in (None, -1):

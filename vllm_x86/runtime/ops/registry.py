@@ -275,6 +275,33 @@ OVERRIDES: tuple[Override, ...] = (
         check="vllm_x86.runtime.ops.attention:direct_attention_problem",
         cpp=False,
     ),
+    # a decode step of a whole decoder layer in one C++ call (ops/decoder_layer.py)
+    *(
+        Override(
+            "module",
+            f"vllm.model_executor.models.{family}:{family.capitalize()}DecoderLayer",
+            "vllm_x86.runtime.ops.decoder_layer:X86DecoderLayerMixin",
+            "a decode step of a small model is mostly fixed cost: about ten op calls per "
+            "layer with Python between them; with INT8/INT4 weights one C++ call "
+            "(decode_layer) makes the same kernel calls (docs/overhead.md)",
+            check="vllm_x86.runtime.ops.decoder_layer:fusable",
+        )
+        for family in ("llama", "qwen2")
+    ),
+    # ... and in compiled mode, those decode steps run outside the compiled graph
+    *(
+        Override(
+            "module",
+            f"vllm.model_executor.models.{family}:{family.capitalize()}Model",
+            "vllm_x86.runtime.ops.decoder_layer:X86FusedDecodeModelMixin",
+            "with every layer one C++ call per decode step, the compiled graph's Python "
+            "wrapper and its ten kernel calls per layer are slower; prefill keeps the "
+            "compiled graph (docs/overhead.md)",
+            check="vllm_x86.runtime.ops.decoder_layer:all_layers_fusable",
+            cpp=False,
+        )
+        for family in ("llama", "qwen2")
+    ),
     # Qwen3 / Qwen3-MoE attention prologue
     Override(
         "module",

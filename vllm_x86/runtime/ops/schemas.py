@@ -60,6 +60,13 @@ def _embedding_rows(ids, weight, table):
     return weight.new_empty((*ids.shape, weight.shape[1]))
 
 
+def _layer_outputs(hidden, residual, positions, weights, ints, *rest):
+    """(the MLP's output, the residual stream): float32 where the call keeps the
+    residual stream so (ints[9])."""
+    dtype = torch.float32 if ints[9] else (hidden if residual is None else residual).dtype
+    return hidden.new_empty(hidden.shape), hidden.new_empty(hidden.shape, dtype=dtype)
+
+
 def _refined_logits(logits, hidden, weight, bias, rel):
     return logits.new_empty(logits.shape, dtype=torch.float32)
 
@@ -132,6 +139,15 @@ OPS: tuple[OpSchema, ...] = (
         "int4_w4a16_gemm",
         "(Tensor x, Tensor w, Tensor scale, Tensor zeros, int group_size, Tensor? bias) -> Tensor",
         _int4_gemm,
+        _CSRC,
+    ),
+    # a decode step of a whole Llama / Qwen2 decoder layer in one call (ops/decoder_layer.py)
+    OpSchema(
+        "decode_layer",
+        "(Tensor hidden, Tensor? residual, Tensor positions, Tensor?[] weights, int[] ints, "
+        "float[] floats, Tensor! kv_cache, Tensor slot_mapping, Tensor block_table, "
+        "Tensor seq_lens) -> (Tensor, Tensor)",
+        _layer_outputs,
         _CSRC,
     ),
     # the quantized MoE experts as one op, opaque to Dynamo (quant/moe.py)

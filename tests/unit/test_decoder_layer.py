@@ -1,0 +1,114 @@
+"""torch.ops.vllm_x86.decode_layer (a decode step of a Llama / Qwen2 decoder layer in one
+C++ call) against its reference, the same ops called one by one from Python
+(ops/decoder_layer.reference_decode_layer): the layer's output, its residual stream and
+the KV cache it writes must be equal bit for bit, for INT8 and INT4 weights, with and
+without the float32 residual stream, for the first layer (no residual yet) and the
+others, with a QKV bias (Qwen2) and without (Llama), in both KV cache layouts this CPU
+can run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_x86.runtime.ops import kernels
+from vllm_x86.runtime.ops.decoder_layer import reference_decode_layer
+from vllm_x86.runtime.quant.methods import quant_isa, quantize_pack
+
+pytestmark = pytest.mark.skipif(
+    not kernels.available() or quant_isa() is None,
+    reason="needs the kernel library and AMX or AVX-512 VNNI (the INT8/INT4 kernels)",
+)
+
+H, NQ, NK, HD, INTER, BS = 128, 4, 2, 32, 192, 16
+LAYOUTS = [0] + ([1] if kernels.isa() != "avx2" else [])
+
+
+def _linear(gen, n, k, bits, group, bias):
+    w = (torch.randn(n, k, generator=gen) * 0.05).to(torch.bfloat16)
+    packed = quantize_pack(bits, "w8a16" if bits == 8 else "w4a16", w, group)
+    b = torch.randn(n, generator=gen) * 0.1 if bias else None
+    return [packed["weight"], packed["weight_scale"], packed.get("weight_zp"), b]
+
+
+def _layer(bits, group, bias, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    norms = [(1 + 0.1 * torch.randn(H, generator=gen)).to(torch.bfloat16) for _ in range(2)]
+    weights = norms
+    weights += _linear(gen, (NQ + 2 * NK) * HD, H, bits, group, bias)
+    weights += _linear(gen, H, NQ * HD, bits, group, False)
+    weights += _linear(gen, 2 * INTER, H, bits, group, False)
+    weights += _linear(gen, H, INTER, bits, group, False)
+    pos = torch.arange(4096, dtype=torch.float32)
+    inv = 1.0 / (10000 ** (torch.arange(0, HD, 2, dtype=torch.float32) / HD))
+    freqs = pos[:, None] * inv[None, :]
+    weights.append(torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(torch.bfloat16))
+    g = 0 if bits == 8 else group
+    return weights, [g, g, g, g, NQ, NK, HD, 1]
+
+
+def _step(m, f32res, first, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(m, H, generator=gen).to(torch.bfloat16)
+    residual = None
+    if not first:
+        residual = torch.randn(m, H, generator=gen)
+        residual = residual if f32res else residual.to(torch.bfloat16)
+    lens = torch.tensor([5, 40, 17][:m], dtype=torch.int32)
+    blocks = 16
+    table = torch.randperm(blocks, generator=gen)[: m * 4].view(m, 4).to(torch.int32)
+    slots = torch.tensor(
+        [int(table[s, (L - 1) // BS]) * BS + (L - 1) % BS for s, L in enumerate(lens.tolist())],
+        dtype=torch.int64,
+    )
+    cache = torch.randn(blocks, NK, BS, 2 * HD, generator=gen).to(torch.bfloat16)
+    positions = (lens - 1).long()
+    return hidden, residual, positions, cache, slots, table, lens
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(
+    "bits,group,bias", [(4, 32, False), (4, 64, True), (8, 0, True), (8, 0, False)]
+)
+@pytest.mark.parametrize("f32res", [True, False])
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("m", [1, 3])
+def test_decode_layer_equals_its_ops_one_by_one(layout, bits, group, bias, f32res, first, m):
+    weights, ints = _layer(bits, group, bias)
+    ints = ints + [layout, int(f32res)]
+    floats = [1e-5, 1e-6, HD**-0.5]
+    hidden, residual, positions, cache, slots, table, lens = _step(m, f32res, first)
+    hidden0 = hidden.clone()
+    residual0 = None if residual is None else residual.clone()
+    cache_ref = cache.clone()
+    out, res = torch.ops.vllm_x86.decode_layer(
+        hidden, residual, positions, weights, ints, floats, cache, slots, table, lens
+    )
+    out_ref, res_ref = reference_decode_layer(
+        hidden, residual, positions, weights, ints, floats, cache_ref, slots, table, lens
+    )
+    assert out.dtype == torch.bfloat16 and out.shape == (m, H)
+    assert res.dtype == (torch.float32 if f32res else torch.bfloat16)
+    assert torch.equal(out, out_ref)
+    assert torch.equal(res, res_ref)
+    assert torch.equal(cache, cache_ref)
+    assert not torch.equal(cache, _step(m, f32res, first)[3])  # the step wrote its K and V
+    # inputs are not written
+    assert torch.equal(hidden, hidden0)
+    assert residual is None or torch.equal(residual, residual0)
+    assert out.isfinite().all() and res.isfinite().all()
+
+
+def test_bad_arguments_are_refused_with_a_sentence():
+    weights, ints = _layer(4, 32, False)
+    hidden, residual, positions, cache, slots, table, lens = _step(1, True, False)
+    with pytest.raises(RuntimeError, match="expects 19 weights, 10 ints and 3 floats"):
+        torch.ops.vllm_x86.decode_layer(
+            hidden, residual, positions, weights, ints, [1e-5], cache, slots, table, lens
+        )
+    bad = list(ints) + [0, 1]
+    bad[4] = NQ + 1  # heads that do not match qkv_proj's output
+    with pytest.raises(RuntimeError, match="qkv_proj gives 256 channels"):
+        torch.ops.vllm_x86.decode_layer(
+            hidden, residual, positions, weights, bad, [1e-5, 1e-5, 0.1], cache, slots, table, lens
+        )

@@ -1,0 +1,334 @@
+"""A decode step of a whole Llama / Qwen2 decoder layer in one C++ call.
+
+At one request, a decode step of a small model is mostly fixed cost (docs/overhead.md):
+each decoder layer makes about ten calls (two norms, four GEMMs, rotary, the KV-cache
+write and attention, the activation), each crossing from Python into torch's dispatcher
+and back, with Python between them; Inductor's compiled graph makes the same calls from
+its Python wrapper. For SmolLM2 that Python was about a quarter of a compiled step.
+
+The op table's rows for vLLM's ``LlamaDecoderLayer`` and ``Qwen2DecoderLayer`` switch the
+layers ``fusable`` accepts to ``X86DecoderLayerMixin``. Its forward, for a decode step
+(one new token per sequence, little enough attention work) of a layer whose four linear
+layers run the plugin's INT8 or INT4 kernels, calls one C++ op,
+``torch.ops.vllm_x86.decode_layer`` (csrc/ops.cpp), which makes the same kernel calls
+that the plugin's eager path makes for the layer, with the same arguments, in the same
+order: RMSNorm (or the fused add + RMSNorm, with the float32 residual stream where the
+platform chose it), the QKV GEMM, the rotary embedding in place, the plugin's decode
+attention (KV-cache write and attention), the output GEMM, the post-attention fused add
++ RMSNorm, the gate/up GEMM, SiLU-and-mul, the down GEMM. So its results are the eager
+path's, bit for bit (``reference_decode_layer`` below runs those ops one by one from
+Python; tests/unit/test_decoder_layer.py compares the two, and tests/e2e/test_quantized.py
+the tokens of whole models with the setting on and off).
+
+In a compiled model (vLLM's compiled mode traces the decoder stack, ``LlamaModel`` /
+``Qwen2Model``, as one graph), the op table's rows for those classes switch a stack
+whose every layer ``fusable`` accepts to ``X86FusedDecodeModelMixin``: a decode step
+then runs the stack's Python forward instead of the compiled graph (what vLLM does for
+a step whose forward context says ``skip_compiled``), so each layer is one fused call;
+other steps (prefill, mixed batches, a context long enough that vLLM's attention
+kernels are the faster ones, padding rows) run the compiled graph, whose layers are
+traced as before. A compiled graph's Python wrapper calls the same ten kernels per
+layer as eager mode, fewer where Inductor fuses elementwise ops, so a fused decode
+step is faster in both modes; prefill keeps Inductor's fused elementwise kernels.
+
+Layers it does not take (bf16 weights, tensor or pipeline parallelism, q/k norms,
+another activation or attention backend, ``VLLM_X86_FUSED_DECODE_LAYER=0``) keep vLLM's
+forward, and the op table logs why. Measured: docs/overhead.md.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_x86.runtime.ops import kernels
+
+# The quantized kernels the fused call runs (quant/methods.py's names): INT4 with a group
+# size, INT8 as group 0.
+_KERNELS = ("w4a16", "w8a16")
+# A fused decode step takes up to this many times the attention work ops/attention.py
+# gives the plugin's decode kernel alone: above that limit vLLM's attention kernels are
+# faster per layer, but the fused call also saves the layer's Python.
+_WORK_FACTOR = 4
+_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+def fusable(layer) -> str | None:
+    """None if this decoder layer may take the fused decode call, else why not: all that
+    a loaded model answers (its attention's KV cache layout is known from its first
+    decode step, when `_prepare` asks)."""
+    from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    from vllm_x86.runtime import envs
+
+    if not envs.get_bool("VLLM_X86_FUSED_DECODE_LAYER"):
+        return "VLLM_X86_FUSED_DECODE_LAYER=0"
+    if not kernels.available():
+        return kernels.load_error() or "the plugin's kernels are not built"
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if attn is None or mlp is None or not hasattr(mlp, "gate_up_proj"):
+        return "not a self-attention + gated MLP layer"
+    if getattr(attn, "qk_norm", False):
+        return "q/k norms"
+    if not isinstance(getattr(mlp, "act_fn", None), SiluAndMul):
+        return f"activation {type(getattr(mlp, 'act_fn', None)).__name__}, not SiLU-and-mul"
+    for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+        if type(norm) is not RMSNorm or not norm.has_weight:
+            return "the layer's norms are not weighted RMSNorms"
+        if norm.variance_size_override is not None:
+            return "a norm over part of the hidden size"
+    rope = getattr(attn, "rotary_emb", None)
+    if not isinstance(rope, RotaryEmbedding) or not hasattr(type(rope), "_x86_table"):
+        return "its rotary embedding is not one the plugin's rotary kernel runs"
+    if rope.head_size != attn.head_dim:
+        return "rotary head size differs from the attention's"
+    if layer.input_layernorm.weight.dtype != torch.bfloat16:
+        return f"the model runs in {layer.input_layernorm.weight.dtype} (the INT8/INT4 kernels take bfloat16)"
+    for name in _LINEARS:
+        lin = layer.get_submodule(name)
+        if getattr(lin, "tp_size", 1) != 1:
+            return "tensor parallelism"
+        if getattr(lin, "skip_bias_add", False):
+            return "a linear layer returns its bias apart"
+        got = _linear_args(lin)
+        if isinstance(got, str):
+            return f"{name}: {got}"
+    from vllm_x86.runtime.ops.attention import (
+        direct_attention_problem,
+        static_decode_attention_problem,
+    )
+
+    why = direct_attention_problem(attn.attn) or static_decode_attention_problem(attn.attn)
+    if why is not None:
+        return why
+    return None
+
+
+def _linear_args(lin) -> tuple[list, int] | str:
+    """(weight, scale, zeros, float32 bias), group size (0: INT8) of a linear layer the
+    fused call can run, or why not."""
+    kernel = getattr(lin, "x86_kernel", None)
+    if not getattr(lin, "x86_quantized", False) or kernel not in _KERNELS:
+        return "bf16 or another kernel's weights (the fused call runs the plugin's INT8 and INT4 kernels)"
+    bias = (
+        lin.bias.detach().float().contiguous() if getattr(lin, "bias", None) is not None else None
+    )
+    if kernel == "w8a16":
+        return [lin.weight, lin.weight_scale, None, bias], 0
+    return [lin.weight, lin.weight_scale, lin.weight_zp, bias], int(lin.x86_group)
+
+
+def _prepare(layer, hidden: torch.Tensor):
+    """The decode_layer arguments that do not change between steps, or why the layer
+    cannot take the fused call (asked once per layer, at its first decode step: the
+    attention's KV cache layout is known from then)."""
+    from vllm_x86.runtime.ops.attention import _DECODE_MAX_WORK, _decode_layout
+    from vllm_x86.runtime.ops.layernorm import _f32res_selected
+
+    if hidden.dtype != torch.bfloat16:
+        return f"activations in {hidden.dtype} (the INT8/INT4 kernels take bfloat16)"
+    attn = layer.self_attn
+    layout = _decode_layout(attn.attn, hidden)
+    if layout is None:
+        return "the plugin's decode attention does not take this layer"
+    weights = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+    groups = []
+    for name in _LINEARS:
+        got = _linear_args(layer.get_submodule(name))
+        if isinstance(got, str):
+            return f"{name}: {got}"
+        weights += got[0]
+        groups.append(got[1])
+    rope = attn.rotary_emb
+    # the cache in the activations' dtype, as vLLM's rotary layer converts it
+    weights.append(rope.cos_sin_cache.to(hidden.dtype).contiguous())
+    ints = groups + [
+        attn.num_heads,
+        attn.num_kv_heads,
+        attn.head_dim,
+        int(rope.is_neox_style),
+        layout,
+        int(_f32res_selected()),
+    ]
+    floats = [
+        layer.input_layernorm.variance_epsilon,
+        layer.post_attention_layernorm.variance_epsilon,
+        attn.attn.impl.scale,
+    ]
+    return weights, ints, floats, _DECODE_MAX_WORK[layout] * _WORK_FACTOR
+
+
+_told: set[str] = set()
+
+
+def _args(layer, hidden: torch.Tensor):
+    d = layer.__dict__
+    got = d.get("_x86_fused")
+    if got is None:
+        got = d["_x86_fused"] = _prepare(layer, hidden)
+        if isinstance(got, str) and got not in _told:
+            from vllm_x86.runtime.log import get_logger
+
+            _told.add(got)
+            get_logger("ops").info(
+                "vllm-x86: %s decode steps keep the layer's own code: %s",
+                type(layer).__name__,
+                got,
+            )
+    return None if isinstance(got, str) else got
+
+
+def fused_step(layer, positions: torch.Tensor, hidden: torch.Tensor, residual):
+    """The layer's decode step through torch.ops.vllm_x86.decode_layer, or None where
+    this step or layer does not take it."""
+    from vllm.forward_context import get_forward_context
+
+    attn = layer.self_attn.attn
+    ctx = get_forward_context()
+    md = ctx.attn_metadata
+    if isinstance(md, dict):
+        md = md.get(attn.layer_name)
+    elif isinstance(md, list):
+        md = md[0].get(attn.layer_name)
+    if md is None or hidden.dim() != 2:
+        return None
+    n = md.num_actual_tokens
+    if md.max_query_len != 1 or md.seq_lens.shape[0] != n or hidden.shape[0] != n:
+        return None  # prefill, or padding rows
+    if not md.causal or md.dynamic_causal is not None:
+        return None
+    slot_mapping = ctx.slot_mapping.get(attn.layer_name)
+    if slot_mapping is None:
+        return None
+    args = _args(layer, hidden)
+    if args is None:
+        return None
+    weights, ints, floats, max_work = args
+    a = layer.self_attn
+    if n * md.max_seq_len * a.num_heads * a.head_dim > max_work:
+        return None
+    return torch.ops.vllm_x86.decode_layer.default(
+        hidden, residual, positions.flatten().long(), weights, ints, floats,
+        attn.kv_cache, slot_mapping, md.block_table, md.seq_lens,
+    )  # fmt: skip
+
+
+class X86DecoderLayerMixin:
+    """vLLM's Llama / Qwen2 decoder layer with a fused decode step (module docstring)."""
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not torch.compiler.is_compiling():
+            out = fused_step(self, positions, hidden_states, residual)
+            if out is not None:
+                return out
+        return super().forward(positions, hidden_states, residual)
+
+
+def all_layers_fusable(model) -> str | None:
+    """The op table's check for a Llama / Qwen2 model (the decoder stack): None if every
+    decoder layer takes the fused decode call, else why not."""
+    layers = getattr(model, "layers", None)
+    if layers is None or len(layers) == 0:
+        return "no decoder layers"
+    for layer in layers:
+        why = fusable(layer) if hasattr(layer, "self_attn") else "a layer of another rank"
+        if why is not None:
+            return why
+    return None
+
+
+class X86FusedDecodeModelMixin:
+    """vLLM's compiled Llama / Qwen2 decoder stack, whose decode steps run eagerly, each
+    layer as one fused call (module docstring); other steps run the compiled graph."""
+
+    def __call__(self, *args, **kwargs):
+        positions = args[1] if len(args) > 1 else kwargs.get("positions")
+        if not getattr(self, "do_not_compile", True) and _decode_step(self, positions):
+            return self.forward(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+def _decode_step(model, positions) -> bool:
+    """Whether this step is one the fused layers take: a decode step without padding rows
+    and with little enough attention work (the same test as fused_step's)."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return False
+    layer = model.layers[0]
+    args = layer.__dict__.get("_x86_fused")
+    if isinstance(args, str):
+        return False  # the layers keep their own code (logged at their first decode step)
+    attn = layer.self_attn.attn
+    ctx = get_forward_context()
+    md = ctx.attn_metadata
+    if isinstance(md, dict):
+        md = md.get(attn.layer_name)
+    elif isinstance(md, list):
+        md = md[0].get(attn.layer_name)
+    if md is None or ctx.slot_mapping.get(attn.layer_name) is None:
+        return False
+    n = md.num_actual_tokens
+    if md.max_query_len != 1 or md.seq_lens.shape[0] != n:
+        return False
+    if positions is None or positions.dim() != 1 or positions.shape[0] != n:
+        return False  # padding rows, or M-RoPE positions
+    if not md.causal or md.dynamic_causal is not None:
+        return False
+    a = layer.self_attn
+    if args is None:  # before the first decode step: the smaller of the two limits
+        from vllm_x86.runtime.ops.attention import _DECODE_MAX_WORK
+
+        limit = min(_DECODE_MAX_WORK.values()) * _WORK_FACTOR
+    else:
+        limit = args[3]
+    return n * md.max_seq_len * a.num_heads * a.head_dim <= limit
+
+
+def reference_decode_layer(
+    hidden, residual, positions, weights, ints, floats, kv_cache, slot_mapping, block_table,
+    seq_lens,
+):  # fmt: skip
+    """torch.ops.vllm_x86.decode_layer's reference: the plugin's ops of the eager path,
+    called one by one (the kernels' own references are in ops/reference.py)."""
+    ops = torch.ops.vllm_x86
+    nq, nk, hd, neox, layout, f32res = ints[4:]
+
+    def linear(x, i, group):
+        w, s, z, b = weights[i : i + 4]
+        if group == 0:
+            return ops.int8_w8a16_gemm(x, w, s, b)
+        return ops.int4_w4a16_gemm(x, w, s, z, group, b)
+
+    if residual is None:
+        x = torch.empty_like(hidden)
+        ops.rms_norm(x, hidden, weights[0], floats[0])
+        res = hidden if f32res else hidden.clone()
+    else:
+        x = hidden.clone()
+        if f32res:
+            res = residual.clone() if residual.dtype == torch.float32 else residual.float()
+            ops.fused_add_rms_norm_f32res(x, res, weights[0], floats[0])
+        else:
+            res = residual.clone()
+            ops.fused_add_rms_norm(x, res, weights[0], floats[0])
+    qkv = linear(x, 2, ints[0])
+    q, k, v = qkv.split([nq * hd, nk * hd, nk * hd], dim=-1)
+    ops.rotary_embedding(positions, q, k, hd, weights[18], bool(neox))
+    attn = torch.empty((hidden.shape[0], nq * hd), dtype=hidden.dtype)
+    ops.decode_attention(
+        attn, q, k, v, kv_cache, slot_mapping, block_table, seq_lens, floats[2], layout
+    )
+    o = linear(attn, 6, ints[1])
+    if f32res:
+        res = res if res.dtype == torch.float32 else res.float()
+        ops.fused_add_rms_norm_f32res(o, res, weights[1], floats[1])
+    else:
+        ops.fused_add_rms_norm(o, res, weights[1], floats[1])
+    gate_up = linear(o, 10, ints[2])
+    act = torch.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=gate_up.dtype)
+    ops.silu_and_mul(act, gate_up)
+    return linear(act, 14, ints[3]), res
