@@ -181,6 +181,30 @@ CONTENDERS: dict[str, Contender] = {
             args=("--quantization", "x86_int4"),
         ),
         Contender(
+            "plugin-int4-head-layer-ops",
+            "plugin-server",
+            "plugin-int4-head with each decoder layer's decode step as its ten op calls "
+            "instead of one fused call (VLLM_X86_FUSED_DECODE_LAYER=0)",
+            {"VLLM_X86_QUANT_LM_HEAD": "1", "VLLM_X86_FUSED_DECODE_LAYER": "0"},
+            args=("--quantization", "x86_int4"),
+        ),
+        Contender(
+            "plugin-int4-head4-layer-ops",
+            "plugin-server",
+            "plugin-int4-head4 with each decoder layer's decode step as its ten op calls "
+            "instead of one fused call (VLLM_X86_FUSED_DECODE_LAYER=0)",
+            {"VLLM_X86_QUANT_LM_HEAD": "int4", "VLLM_X86_FUSED_DECODE_LAYER": "0"},
+            args=("--quantization", "x86_int4"),
+        ),
+        Contender(
+            "plugin-int8-head-layer-ops",
+            "plugin-server",
+            "plugin-int8-head with each decoder layer's decode step as its ten op calls "
+            "instead of one fused call (VLLM_X86_FUSED_DECODE_LAYER=0)",
+            {"VLLM_X86_QUANT_LM_HEAD": "1", "VLLM_X86_FUSED_DECODE_LAYER": "0"},
+            args=("--quantization", "x86_int8"),
+        ),
+        Contender(
             "plugin-int4-head-embed-mem",
             "plugin-server",
             "plugin-int4-head with the input embedding held in memory as vLLM holds it, "
