@@ -241,51 +241,96 @@ def all_layers_fusable(model) -> str | None:
 
 
 class X86FusedDecodeModelMixin:
-    """vLLM's compiled Llama / Qwen2 decoder stack, whose decode steps run eagerly, each
-    layer as one fused call (module docstring); other steps run the compiled graph."""
+    """vLLM's Llama / Qwen2 decoder stack, whose decode steps run each layer as one fused
+    call from one Python loop (module docstring); other steps run the stack's own code,
+    compiled where the model is."""
 
-    def __call__(self, *args, **kwargs):
-        positions = args[1] if len(args) > 1 else kwargs.get("positions")
-        if not getattr(self, "do_not_compile", True) and _decode_step(self, positions):
-            return self.forward(*args, **kwargs)
-        return super().__call__(*args, **kwargs)
+    def __call__(
+        self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs
+    ):
+        if (
+            not kwargs
+            and intermediate_tensors is None
+            and not getattr(self, "aux_hidden_state_layers", ())
+        ):
+            steps = _decode_step(self, positions)
+            if steps is not None:
+                return _fused_forward(self, input_ids, positions, inputs_embeds, *steps)
+        return super().__call__(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
 
 
-def _decode_step(model, positions) -> bool:
-    """Whether this step is one the fused layers take: a decode step without padding rows
-    and with little enough attention work (the same test as fused_step's)."""
+def _stack(model):
+    """(attention layer name, attention module, weights, ints, floats) for every layer,
+    once every layer's fused call is prepared; None while one is not (or cannot be)."""
+    got = model.__dict__.get("_x86_fused_stack")
+    if got is not None:
+        return got
+    stack = []
+    for layer in model.layers:
+        args = _args(layer, layer.input_layernorm.weight)
+        if args is None:
+            return None
+        attn = layer.self_attn.attn
+        stack.append((attn.layer_name, attn, *args[:3]))
+    model.__dict__["_x86_fused_stack"] = stack
+    model.__dict__["_x86_fused_limit"] = min(
+        a[3] for a in (layer.__dict__["_x86_fused"] for layer in model.layers)
+    )
+    return stack
+
+
+def _decode_step(model, positions):
+    """(stack, metadata by layer, slot mappings by layer) for a decode step the fused
+    layers take (no padding rows, little enough attention work: fused_step's test, for
+    every layer at once), else None."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
 
     if not is_forward_context_available():
-        return False
-    layer = model.layers[0]
-    args = layer.__dict__.get("_x86_fused")
-    if isinstance(args, str):
-        return False  # the layers keep their own code (logged at their first decode step)
-    attn = layer.self_attn.attn
+        return None
     ctx = get_forward_context()
-    md = ctx.attn_metadata
-    if isinstance(md, dict):
-        md = md.get(attn.layer_name)
-    elif isinstance(md, list):
-        md = md[0].get(attn.layer_name)
-    if md is None or ctx.slot_mapping.get(attn.layer_name) is None:
-        return False
+    mds = ctx.attn_metadata
+    if isinstance(mds, list):
+        mds = mds[0]
+    if not isinstance(mds, dict):
+        return None
+    md = mds.get(model.layers[0].self_attn.attn.layer_name)
+    if md is None:
+        return None
     n = md.num_actual_tokens
-    if md.max_query_len != 1 or md.seq_lens.shape[0] != n:
-        return False
+    if md.max_query_len != 1 or md.seq_lens.shape[0] != n or not md.causal:
+        return None
+    if md.dynamic_causal is not None:
+        return None
     if positions is None or positions.dim() != 1 or positions.shape[0] != n:
-        return False  # padding rows, or M-RoPE positions
-    if not md.causal or md.dynamic_causal is not None:
-        return False
-    a = layer.self_attn
-    if args is None:  # before the first decode step: the smaller of the two limits
-        from vllm_x86.runtime.ops.attention import _DECODE_MAX_WORK
+        return None  # padding rows, or M-RoPE positions
+    stack = _stack(model)  # prepared at the first decode step (the KV cache layout is known)
+    if stack is None:
+        return None
+    a = stack[0][1]
+    if n * md.max_seq_len * a.num_heads * a.head_size > model.__dict__["_x86_fused_limit"]:
+        return None
+    for name, *_ in stack:
+        other = mds.get(name)
+        if other is not md and (other is None or other.max_query_len != 1):
+            return None
+    return stack, mds, ctx.slot_mapping
 
-        limit = min(_DECODE_MAX_WORK.values()) * _WORK_FACTOR
-    else:
-        limit = args[3]
-    return n * md.max_seq_len * a.num_heads * a.head_dim <= limit
+
+def _fused_forward(model, input_ids, positions, inputs_embeds, stack, mds, slots):
+    """LlamaModel / Qwen2Model.forward for a decode step on one rank, no auxiliary hidden
+    states: the embedding, each layer's fused call, the final norm."""
+    hidden = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
+    residual = None
+    pos = positions if positions.dtype == torch.long else positions.long()
+    op = torch.ops.vllm_x86.decode_layer.default
+    for name, attn, weights, ints, floats in stack:
+        md = mds[name]
+        hidden, residual = op(
+            hidden, residual, pos, weights, ints, floats, attn.kv_cache, slots[name],
+            md.block_table, md.seq_lens,
+        )  # fmt: skip
+    hidden, _ = model.norm(hidden, residual)
+    return hidden
 
 
 def reference_decode_layer(
