@@ -20,16 +20,16 @@ path's, bit for bit (``reference_decode_layer`` below runs those ops one by one 
 Python; tests/unit/test_decoder_layer.py compares the two, and tests/e2e/test_quantized.py
 the tokens of whole models with the setting on and off).
 
-In a compiled model (vLLM's compiled mode traces the decoder stack, ``LlamaModel`` /
-``Qwen2Model``, as one graph), the op table's rows for those classes switch a stack
-whose every layer ``fusable`` accepts to ``X86FusedDecodeModelMixin``: a decode step
-then runs the stack's Python forward instead of the compiled graph (what vLLM does for
-a step whose forward context says ``skip_compiled``), so each layer is one fused call;
-other steps (prefill, mixed batches, a context long enough that vLLM's attention
-kernels are the faster ones, padding rows) run the compiled graph, whose layers are
-traced as before. A compiled graph's Python wrapper calls the same ten kernels per
-layer as eager mode, fewer where Inductor fuses elementwise ops, so a fused decode
-step is faster in both modes; prefill keeps Inductor's fused elementwise kernels.
+Where every layer of a Llama / Qwen2 stack (``LlamaModel``, ``Qwen2Model``) takes the
+call, the op table's rows for those classes switch the stack to
+``X86FusedDecodeModelMixin``: a decode step then runs one Python loop, the embedding,
+each layer's fused call with the step's metadata looked up once, the final norm,
+instead of the stack's forward. In compiled mode that loop replaces the compiled graph
+for decode steps, as vLLM itself runs the stack's Python forward for a step whose
+forward context says ``skip_compiled``: the graph's Python wrapper makes the same ten
+kernel calls per layer, fewer where Inductor fused elementwise ops. Other steps
+(prefill, mixed batches, a context long enough that vLLM's attention kernels are the
+faster ones, padding rows) run the stack's own code, compiled where the model is.
 
 Layers it does not take (bf16 weights, tensor or pipeline parallelism, q/k norms,
 another activation or attention backend, ``VLLM_X86_FUSED_DECODE_LAYER=0``) keep vLLM's
