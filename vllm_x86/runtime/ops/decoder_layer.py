@@ -184,6 +184,19 @@ def _args(layer, hidden: torch.Tensor):
     return None if isinstance(got, str) else got
 
 
+def _decode_rows(md, rows: int) -> bool:
+    """Whether a step with this attention metadata and `rows` input rows is one the fused
+    call takes: a causal decode step, one new token per sequence, no padding rows."""
+    n = md.num_actual_tokens
+    return (
+        md.max_query_len == 1
+        and md.seq_lens.shape[0] == n
+        and rows == n
+        and md.causal
+        and md.dynamic_causal is None
+    )
+
+
 def fused_step(layer, positions: torch.Tensor, hidden: torch.Tensor, residual):
     """The layer's decode step through torch.ops.vllm_x86.decode_layer, or None where
     this step or layer does not take it."""
@@ -196,13 +209,9 @@ def fused_step(layer, positions: torch.Tensor, hidden: torch.Tensor, residual):
         md = md.get(attn.layer_name)
     elif isinstance(md, list):
         md = md[0].get(attn.layer_name)
-    if md is None or hidden.dim() != 2:
+    if md is None or hidden.dim() != 2 or not _decode_rows(md, hidden.shape[0]):
         return None
     n = md.num_actual_tokens
-    if md.max_query_len != 1 or md.seq_lens.shape[0] != n or hidden.shape[0] != n:
-        return None  # prefill, or padding rows
-    if not md.causal or md.dynamic_causal is not None:
-        return None
     slot_mapping = ctx.slot_mapping.get(attn.layer_name)
     if slot_mapping is None:
         return None
@@ -299,26 +308,25 @@ def _decode_step(model, positions):
     if not isinstance(mds, dict):
         return None
     md = mds.get(model.layers[0].self_attn.attn.layer_name)
-    if md is None:
+    if md is None or positions is None or positions.dim() != 1:
+        return None  # no metadata (a dummy run), or M-RoPE positions
+    if not _decode_rows(md, positions.shape[0]):
         return None
     n = md.num_actual_tokens
-    if md.max_query_len != 1 or md.seq_lens.shape[0] != n or not md.causal:
-        return None
-    if md.dynamic_causal is not None:
-        return None
-    if positions is None or positions.dim() != 1 or positions.shape[0] != n:
-        return None  # padding rows, or M-RoPE positions
     stack = _stack(model)  # prepared at the first decode step (the KV cache layout is known)
     if stack is None:
         return None
     a = stack[0][1]
     if n * md.max_seq_len * a.num_heads * a.head_size > model.__dict__["_x86_fused_limit"]:
         return None
+    slots = ctx.slot_mapping
     for name, *_ in stack:
         other = mds.get(name)
         if other is not md and (other is None or other.max_query_len != 1):
             return None
-    return stack, mds, ctx.slot_mapping
+        if slots is None or slots.get(name) is None:
+            return None  # a step that writes no KV cache: the layers' own code
+    return stack, mds, slots
 
 
 def _fused_forward(model, input_ids, positions, inputs_embeds, stack, mds, slots):
