@@ -109,38 +109,31 @@ def test_input_embedding_read_from_the_file_gives_the_same_tokens(tiny):
 TWO_PROMPTS = PROMPTS + [[1, 2683, 314, 253, 3458, 30]]
 
 
-@pytest.mark.parametrize("quantization", ["x86_int4", "x86_int8"])
-def test_fused_decode_layer_gives_the_same_tokens(tiny, quantization):
-    """Decode steps of the tiny Llama's layers in one C++ call each
-    (ops/decoder_layer.py): the log says the op table took its 4 layers, and the greedy
-    tokens of two requests decoded together are exactly those of the layers' own code,
-    eager. Compiled, prefill runs the same compiled graph with the setting on and off
-    (the same first tokens) and decode steps run outside it; later tokens of this
-    random model may part where Inductor's rounding and the kernels' differ on a near
-    tie, so they are not compared."""
-    fused = generate(tiny, "--quantization", quantization, prompts=TWO_PROMPTS)
-    own = generate(
-        tiny,
-        "--quantization",
-        quantization,
-        prompts=TWO_PROMPTS,
-        env={"VLLM_X86_FUSED_DECODE_LAYER": "0"},
-    )
+def test_fused_decode_layer_gives_the_same_tokens(tiny):
+    """Decode steps of the tiny Llama's INT4 layers in one C++ call each
+    (ops/decoder_layer.py): the log says the op table took its 4 layers and the stack,
+    and the greedy tokens of two requests decoded together are exactly those of the
+    layers' own code, eager. Compiled, prefill runs the same compiled graph with the
+    setting on and off (the same first tokens) and decode steps run outside it; later
+    tokens of this random model may part where Inductor's rounding and the kernels'
+    differ on a near tie, so they are not compared. (INT8 layers: the same op with
+    the INT8 GEMM, tests/unit/test_decoder_layer.py.)"""
+    q = ("--quantization", "x86_int4")
+    fused = generate(tiny, *q, prompts=TWO_PROMPTS)
+    own = generate(tiny, *q, prompts=TWO_PROMPTS, env={"VLLM_X86_FUSED_DECODE_LAYER": "0"})
     assert "4 LlamaDecoderLayer modules use the fused kernel" in fused["log"]
+    assert "1 LlamaModel use the plugin's code" in fused["log"]
     assert "LlamaDecoderLayer keeps vLLM's code: VLLM_X86_FUSED_DECODE_LAYER=0" in own["log"]
     assert "decode steps keep the layer's own code" not in fused["log"]
     assert [len(t) for t in fused["token_ids"]] == [NEW_TOKENS, NEW_TOKENS]
     assert fused["token_ids"] == own["token_ids"]
-    if quantization == "x86_int4":
-        kw = dict(prompts=TWO_PROMPTS, eager=False)
-        compiled = generate(tiny, "--quantization", quantization, **kw)
-        graph_only = generate(
-            tiny, "--quantization", quantization, env={"VLLM_X86_FUSED_DECODE_LAYER": "0"}, **kw
-        )
-        assert "1 LlamaModel use the plugin's code" in compiled["log"]
-        assert "LlamaModel keeps vLLM's code: VLLM_X86_FUSED_DECODE_LAYER=0" in graph_only["log"]
-        assert [len(t) for t in compiled["token_ids"]] == [NEW_TOKENS, NEW_TOKENS]
-        assert [t[0] for t in compiled["token_ids"]] == [t[0] for t in graph_only["token_ids"]]
+    kw = dict(prompts=TWO_PROMPTS, eager=False)
+    compiled = generate(tiny, *q, **kw)
+    graph_only = generate(tiny, *q, env={"VLLM_X86_FUSED_DECODE_LAYER": "0"}, **kw)
+    assert "1 LlamaModel use the plugin's code" in compiled["log"]
+    assert "LlamaModel keeps vLLM's code: VLLM_X86_FUSED_DECODE_LAYER=0" in graph_only["log"]
+    assert [len(t) for t in compiled["token_ids"]] == [NEW_TOKENS, NEW_TOKENS]
+    assert [t[0] for t in compiled["token_ids"]] == [t[0] for t in graph_only["token_ids"]]
 
 
 def test_bf16_layers_keep_their_own_code(tiny):

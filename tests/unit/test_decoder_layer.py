@@ -112,3 +112,29 @@ def test_bad_arguments_are_refused_with_a_sentence():
         torch.ops.vllm_x86.decode_layer(
             hidden, residual, positions, weights, bad, [1e-5, 1e-5, 0.1], cache, slots, table, lens
         )
+
+
+def test_linear_layers_are_read_by_kernel():
+    """What the fused call takes of a linear layer: the INT4 kernel's tensors and group,
+    the INT8 kernel's as group 0, a float32 copy of a bias; bf16 weights or another
+    kernel's are refused with the reason the op table logs."""
+    from vllm_x86.runtime.ops.decoder_layer import _linear_args
+
+    def linear(kernel, bias=None, **tensors):
+        lin = torch.nn.Module()
+        lin.x86_quantized, lin.x86_kernel, lin.x86_group, lin.bias = True, kernel, 64, bias
+        for name, t in tensors.items():
+            setattr(lin, name, t)
+        return lin
+
+    w, s, z = torch.zeros(2, 8, dtype=torch.uint8), torch.ones(4), torch.zeros(4, dtype=torch.uint8)
+    args, group = _linear_args(linear("w4a16", weight=w, weight_scale=s, weight_zp=z))
+    assert group == 64 and args[0] is w and args[1] is s and args[2] is z and args[3] is None
+    b = torch.ones(4, dtype=torch.bfloat16)
+    args, group = _linear_args(linear("w8a16", bias=b, weight=w, weight_scale=s))
+    assert group == 0 and args[2] is None
+    assert args[3].dtype == torch.float32 and torch.equal(args[3], b.float())
+    assert "bf16 or another kernel's weights" in _linear_args(linear("vllm", weight=w))
+    bf16 = linear("w4a16", weight=w)
+    bf16.x86_quantized = False
+    assert "bf16 or another kernel's weights" in _linear_args(bf16)
