@@ -118,7 +118,7 @@ def test_linear_layers_are_read_by_kernel():
     """What the fused call takes of a linear layer: the INT4 kernel's tensors and group,
     the INT8 kernel's as group 0, a float32 copy of a bias; bf16 weights or another
     kernel's are refused with the reason the op table logs."""
-    from vllm_x86.runtime.ops.decoder_layer import _linear_args
+    from vllm_x86.runtime.ops.decoder_layer import _linear_args, _linear_problem
 
     def linear(kernel, bias=None, **tensors):
         lin = torch.nn.Module()
@@ -134,7 +134,9 @@ def test_linear_layers_are_read_by_kernel():
     args, group = _linear_args(linear("w8a16", bias=b, weight=w, weight_scale=s))
     assert group == 0 and args[2] is None
     assert args[3].dtype == torch.float32 and torch.equal(args[3], b.float())
-    assert "bf16 or another kernel's weights" in _linear_args(linear("vllm", weight=w))
+    assert _linear_problem(linear("w4a16", weight=w)) is None
+    assert _linear_problem(linear("w8a16", weight=w)) is None
+    assert "bf16 or another kernel's weights" in _linear_problem(linear("vllm", weight=w))
     bf16 = linear("w4a16", weight=w)
     bf16.x86_quantized = False
-    assert "bf16 or another kernel's weights" in _linear_args(bf16)
+    assert "bf16 or another kernel's weights" in _linear_problem(bf16)

@@ -91,9 +91,9 @@ def fusable(layer) -> str | None:
             return "tensor parallelism"
         if getattr(lin, "skip_bias_add", False):
             return "a linear layer returns its bias apart"
-        got = _linear_args(lin)
-        if isinstance(got, str):
-            return f"{name}: {got}"
+        why = _linear_problem(lin)
+        if why is not None:
+            return f"{name}: {why}"
     from vllm_x86.runtime.ops.attention import (
         direct_attention_problem,
         static_decode_attention_problem,
@@ -105,16 +105,20 @@ def fusable(layer) -> str | None:
     return None
 
 
-def _linear_args(lin) -> tuple[list, int] | str:
-    """(weight, scale, zeros, float32 bias), group size (0: INT8) of a linear layer the
-    fused call can run, or why not."""
-    kernel = getattr(lin, "x86_kernel", None)
-    if not getattr(lin, "x86_quantized", False) or kernel not in _KERNELS:
+def _linear_problem(lin) -> str | None:
+    """None if the fused call can run this linear layer's weights, else why not."""
+    if not getattr(lin, "x86_quantized", False) or getattr(lin, "x86_kernel", None) not in _KERNELS:
         return "bf16 or another kernel's weights (the fused call runs the plugin's INT8 and INT4 kernels)"
+    return None
+
+
+def _linear_args(lin) -> tuple[list, int]:
+    """(weight, scale, zeros, float32 bias), group size (0: INT8) of a linear layer
+    `_linear_problem` accepts."""
     bias = (
         lin.bias.detach().float().contiguous() if getattr(lin, "bias", None) is not None else None
     )
-    if kernel == "w8a16":
+    if lin.x86_kernel == "w8a16":
         return [lin.weight, lin.weight_scale, None, bias], 0
     return [lin.weight, lin.weight_scale, lin.weight_zp, bias], int(lin.x86_group)
 
@@ -134,12 +138,10 @@ def _prepare(layer, hidden: torch.Tensor):
         return "the plugin's decode attention does not take this layer"
     weights = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
     groups = []
-    for name in _LINEARS:
-        got = _linear_args(layer.get_submodule(name))
-        if isinstance(got, str):
-            return f"{name}: {got}"
-        weights += got[0]
-        groups.append(got[1])
+    for name in _LINEARS:  # accepted by fusable when the model was loaded
+        args, group = _linear_args(layer.get_submodule(name))
+        weights += args
+        groups.append(group)
     rope = attn.rotary_emb
     # the cache in the activations' dtype, as vLLM's rotary layer converts it; once per
     # rotary module, which vLLM shares between the layers (Qwen2.5's is 4 MiB in bf16)
@@ -197,6 +199,12 @@ def _decode_rows(md, rows: int) -> bool:
     )
 
 
+def _small_attention(md, attn, limit: int) -> bool:
+    """Whether the step's attention work (sequences x longest sequence x query heads x
+    head size) in vLLM's Attention module `attn` is within the fused call's `limit`."""
+    return md.num_actual_tokens * md.max_seq_len * attn.num_heads * attn.head_size <= limit
+
+
 def fused_step(layer, positions: torch.Tensor, hidden: torch.Tensor, residual):
     """The layer's decode step through torch.ops.vllm_x86.decode_layer, or None where
     this step or layer does not take it."""
@@ -211,7 +219,6 @@ def fused_step(layer, positions: torch.Tensor, hidden: torch.Tensor, residual):
         md = md[0].get(attn.layer_name)
     if md is None or hidden.dim() != 2 or not _decode_rows(md, hidden.shape[0]):
         return None
-    n = md.num_actual_tokens
     slot_mapping = ctx.slot_mapping.get(attn.layer_name)
     if slot_mapping is None:
         return None
@@ -219,8 +226,7 @@ def fused_step(layer, positions: torch.Tensor, hidden: torch.Tensor, residual):
     if args is None:
         return None
     weights, ints, floats, max_work = args
-    a = layer.self_attn
-    if n * md.max_seq_len * a.num_heads * a.head_dim > max_work:
+    if not _small_attention(md, attn, max_work):
         return None
     return torch.ops.vllm_x86.decode_layer.default(
         hidden, residual, positions.flatten().long(), weights, ints, floats,
@@ -279,17 +285,16 @@ def _stack(model):
     got = model.__dict__.get("_x86_fused_stack")
     if got is not None:
         return got
-    stack = []
+    stack, limits = [], []
     for layer in model.layers:
         args = _args(layer, layer.input_layernorm.weight)
         if args is None:
             return None
         attn = layer.self_attn.attn
         stack.append((attn.layer_name, attn, *args[:3]))
+        limits.append(args[3])
     model.__dict__["_x86_fused_stack"] = stack
-    model.__dict__["_x86_fused_limit"] = min(
-        a[3] for a in (layer.__dict__["_x86_fused"] for layer in model.layers)
-    )
+    model.__dict__["_x86_fused_limit"] = min(limits)
     return stack
 
 
@@ -312,12 +317,8 @@ def _decode_step(model, positions):
         return None  # no metadata (a dummy run), or M-RoPE positions
     if not _decode_rows(md, positions.shape[0]):
         return None
-    n = md.num_actual_tokens
     stack = _stack(model)  # prepared at the first decode step (the KV cache layout is known)
-    if stack is None:
-        return None
-    a = stack[0][1]
-    if n * md.max_seq_len * a.num_heads * a.head_size > model.__dict__["_x86_fused_limit"]:
+    if stack is None or not _small_attention(md, stack[0][1], model.__dict__["_x86_fused_limit"]):
         return None
     slots = ctx.slot_mapping
     for name, *_ in stack:
