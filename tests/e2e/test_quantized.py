@@ -109,31 +109,124 @@ def test_input_embedding_read_from_the_file_gives_the_same_tokens(tiny):
 TWO_PROMPTS = PROMPTS + [[1, 2683, 314, 253, 3458, 30]]
 
 
+def _tiny_family(arch, out, tokenizer_from):
+    """A random-weight 2-layer checkpoint of a transformers architecture (Qwen3 or
+    Mistral), hidden 256, 4 query and 2 KV heads of 64, with the default model's tokenizer."""
+    import shutil
+
+    import transformers
+
+    config = getattr(transformers, arch.replace("ForCausalLM", "Config"))(
+        vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+        initializer_range=0.2, sliding_window=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    getattr(transformers, arch)(config).to(torch.bfloat16).save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_from / f, out / f)
+    return out
+
+
+MARK = "=== engine "
+# INT4 engines one after another in this one fresh process, each engine inside it (no
+# engine-core process): one Python + vLLM import and no hand-offs for all of them. The
+# prompts go in one generate call, so decode steps have a row per prompt; torch's
+# profiler counts the fused call's runs. A marker line says whose log follows.
+_ENGINES_RUN = """
+import gc, json, os, sys
+import torch
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from vllm import LLM, SamplingParams
+ids, new, mark, engines = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+out = {}
+for key, model, env, eager in json.loads(engines):
+    os.environ.update(env)
+    print(mark + key, flush=True)
+    llm = LLM(model, dtype="bfloat16", enforce_eager=eager, max_model_len=1024, seed=0,
+              quantization="x86_int4")
+    sp = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
+    with torch.profiler.profile() as prof:
+        outs = llm.generate([{"prompt_token_ids": x} for x in ids], sp, use_tqdm=False)
+    calls = sum(e.count for e in prof.key_averages() if e.key == "vllm_x86::decode_layer")
+    out[key] = {"token_ids": [list(o.outputs[0].token_ids) for o in outs], "calls": calls}
+    del llm
+    gc.collect()
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def run_engines(engines: list, prompts=TWO_PROMPTS) -> dict:
+    """{key: {"token_ids", "calls" (decode_layer runs), "log"}} for INT4 engines given as
+    (key, model, environment, eager)."""
+    got = results.run(
+        [PYTHON, "-c", _ENGINES_RUN, json.dumps(prompts), str(NEW_TOKENS), MARK,
+         json.dumps([[k, str(m), e, eager] for k, m, e, eager in engines])],
+        env=clean_env(),
+        timeout=900,
+        with_log=True,
+        merge_output=True,
+    )  # fmt: skip
+    logs = dict(part.split("\n", 1) for part in got.pop("log").split(MARK)[1:])
+    return {k: {**v, "log": logs[k]} for k, v in got.items()}
+
+
+ON, OFF = {"VLLM_X86_FUSED_DECODE_LAYER": "1"}, {"VLLM_X86_FUSED_DECODE_LAYER": "0"}
+
+
 def test_fused_decode_layer_gives_the_same_tokens(tiny):
     """Decode steps of the tiny Llama's INT4 layers in one C++ call each
     (ops/decoder_layer.py): the log says the op table took its 4 layers and the stack,
-    and the greedy tokens of two requests decoded together are exactly those of the
-    layers' own code, eager. Compiled, prefill runs the same compiled graph with the
-    setting on and off (the same first tokens) and decode steps run outside it; later
-    tokens of this random model may part where Inductor's rounding and the kernels'
-    differ on a near tie, so they are not compared. (INT8 layers: the same op with
-    the INT8 GEMM, tests/unit/test_decoder_layer.py.)"""
-    q = ("--quantization", "x86_int4")
-    fused = generate(tiny, *q, prompts=TWO_PROMPTS)
-    own = generate(tiny, *q, prompts=TWO_PROMPTS, env={"VLLM_X86_FUSED_DECODE_LAYER": "0"})
+    every decode step runs the call (at least NEW_TOKENS - 1 steps of 4 layers: the first
+    token comes from prefill), and the greedy tokens of two requests decoded together are
+    exactly those of the layers' own code, eager. Compiled, prefill runs the same
+    compiled graph with the setting on and off (the same first tokens) and decode steps
+    run outside it; later tokens of this random model may part where Inductor's rounding
+    and the kernels' differ on a near tie, so they are not compared. (INT8 layers: the
+    same op with the INT8 GEMM, tests/unit/test_decoder_layer.py.)"""
+    r = run_engines(
+        [("fused", tiny, ON, True), ("own", tiny, OFF, True),
+         ("compiled", tiny, ON, False), ("graph-only", tiny, OFF, False)]
+    )  # fmt: skip
+    fused, own, compiled, graph_only = (r[k] for k in ("fused", "own", "compiled", "graph-only"))
     assert "4 LlamaDecoderLayer modules use the fused kernel" in fused["log"]
     assert "1 LlamaModel use the plugin's code" in fused["log"]
     assert "LlamaDecoderLayer keeps vLLM's code: VLLM_X86_FUSED_DECODE_LAYER=0" in own["log"]
     assert "decode steps keep the layer's own code" not in fused["log"]
     assert [len(t) for t in fused["token_ids"]] == [NEW_TOKENS, NEW_TOKENS]
     assert fused["token_ids"] == own["token_ids"]
-    kw = dict(prompts=TWO_PROMPTS, eager=False)
-    compiled = generate(tiny, *q, **kw)
-    graph_only = generate(tiny, *q, env={"VLLM_X86_FUSED_DECODE_LAYER": "0"}, **kw)
+    assert fused["calls"] >= 4 * (NEW_TOKENS - 1) and own["calls"] == 0
     assert "1 LlamaModel use the plugin's code" in compiled["log"]
     assert "LlamaModel keeps vLLM's code: VLLM_X86_FUSED_DECODE_LAYER=0" in graph_only["log"]
     assert [len(t) for t in compiled["token_ids"]] == [NEW_TOKENS, NEW_TOKENS]
     assert [t[0] for t in compiled["token_ids"]] == [t[0] for t in graph_only["token_ids"]]
+    assert compiled["calls"] >= 4 * (NEW_TOKENS - 1) and graph_only["calls"] == 0
+
+
+def test_fused_decode_layer_qwen3_and_mistral(default_model, tmp_path):
+    """Qwen3's layers (q/k norms: split_norm_rope_neox inside the fused call) and
+    Mistral's take the fused decode call too: the op table says so for the layers and the
+    stack, every decode step runs it, and two requests decoded together give exactly the
+    tokens of the layers' own code (INT4, eager)."""
+    families = (("Qwen3ForCausalLM", "Qwen3"), ("MistralForCausalLM", "Mistral"))
+    models = {f: _tiny_family(arch, tmp_path / arch, default_model) for arch, f in families}
+    r = run_engines(
+        [
+            (f"{f}-{k}", models[f], env, True)
+            for f in models
+            for k, env in (("on", ON), ("off", OFF))
+        ]
+    )
+    for f in models:
+        on, off = r[f"{f}-on"], r[f"{f}-off"]
+        assert f"2 {f}DecoderLayer modules use the fused kernel" in on["log"], on["log"][-3000:]
+        assert f"1 {f}Model use the plugin's code" in on["log"]
+        assert "decode steps keep the layer's own code" not in on["log"]
+        assert f"{f}DecoderLayer keeps vLLM's code: VLLM_X86_FUSED_DECODE_LAYER=0" in off["log"]
+        assert [len(t) for t in on["token_ids"]] == [NEW_TOKENS, NEW_TOKENS]
+        assert on["token_ids"] == off["token_ids"], f
+        assert on["calls"] >= 2 * (NEW_TOKENS - 1) and off["calls"] == 0, (on["calls"], f)
 
 
 def test_bf16_layers_keep_their_own_code(tiny):

@@ -1,10 +1,10 @@
-"""torch.ops.vllm_x86.decode_layer (a decode step of a Llama / Qwen2 decoder layer in one
-C++ call) against its reference, the same ops called one by one from Python
+"""torch.ops.vllm_x86.decode_layer (a decode step of a Llama / Qwen2 / Qwen3 decoder layer
+in one C++ call) against its reference, the same ops called one by one from Python
 (ops/decoder_layer.reference_decode_layer): the layer's output, its residual stream and
 the KV cache it writes must be equal bit for bit, for INT8 and INT4 weights, with and
 without the float32 residual stream, for the first layer (no residual yet) and the
-others, with a QKV bias (Qwen2) and without (Llama), in both KV cache layouts this CPU
-can run."""
+others, with a QKV bias (Qwen2) and without (Llama), with q/k norms (Qwen3), in both KV
+cache layouts this CPU can run."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _linear(gen, n, k, bits, group, bias):
     return [packed["weight"], packed["weight_scale"], packed.get("weight_zp"), b]
 
 
-def _layer(bits, group, bias, seed=0):
+def _layer(bits, group, bias, seed=0, qk_norm=False):
     gen = torch.Generator().manual_seed(seed)
     norms = [(1 + 0.1 * torch.randn(H, generator=gen)).to(torch.bfloat16) for _ in range(2)]
     weights = norms
@@ -43,6 +43,10 @@ def _layer(bits, group, bias, seed=0):
     inv = 1.0 / (10000 ** (torch.arange(0, HD, 2, dtype=torch.float32) / HD))
     freqs = pos[:, None] * inv[None, :]
     weights.append(torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(torch.bfloat16))
+    if qk_norm:
+        weights += [(1 + 0.2 * torch.randn(HD, generator=gen)).to(torch.bfloat16) for _ in "qk"]
+    else:
+        weights += [None, None]
     g = 0 if bits == 8 else group
     return weights, [g, g, g, g, NQ, NK, HD, 1]
 
@@ -68,15 +72,25 @@ def _step(m, f32res, first, seed=1):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize(
-    "bits,group,bias", [(4, 32, False), (4, 64, True), (8, 0, True), (8, 0, False)]
+    "bits,group,bias,qk_norm",
+    [
+        (4, 32, False, False),
+        (4, 64, True, False),
+        (8, 0, True, False),
+        (8, 0, False, False),
+        (4, 32, False, True),
+        (8, 0, False, True),
+    ],
 )
 @pytest.mark.parametrize("f32res", [True, False])
 @pytest.mark.parametrize("first", [True, False])
 @pytest.mark.parametrize("m", [1, 3])
-def test_decode_layer_equals_its_ops_one_by_one(layout, bits, group, bias, f32res, first, m):
-    weights, ints = _layer(bits, group, bias)
+def test_decode_layer_equals_its_ops_one_by_one(
+    layout, bits, group, bias, qk_norm, f32res, first, m
+):
+    weights, ints = _layer(bits, group, bias, qk_norm=qk_norm)
     ints = ints + [layout, int(f32res)]
-    floats = [1e-5, 1e-6, HD**-0.5]
+    floats = [1e-5, 1e-6, HD**-0.5, 1e-6]
     hidden, residual, positions, cache, slots, table, lens = _step(m, f32res, first)
     hidden0 = hidden.clone()
     residual0 = None if residual is None else residual.clone()
@@ -102,7 +116,7 @@ def test_decode_layer_equals_its_ops_one_by_one(layout, bits, group, bias, f32re
 def test_bad_arguments_are_refused_with_a_sentence():
     weights, ints = _layer(4, 32, False)
     hidden, residual, positions, cache, slots, table, lens = _step(1, True, False)
-    with pytest.raises(RuntimeError, match="expects 19 weights, 10 ints and 3 floats"):
+    with pytest.raises(RuntimeError, match="expects 21 weights, 10 ints and 4 floats"):
         torch.ops.vllm_x86.decode_layer(
             hidden, residual, positions, weights, ints, [1e-5], cache, slots, table, lens
         )
@@ -110,8 +124,17 @@ def test_bad_arguments_are_refused_with_a_sentence():
     bad[4] = NQ + 1  # heads that do not match qkv_proj's output
     with pytest.raises(RuntimeError, match="qkv_proj gives 256 channels"):
         torch.ops.vllm_x86.decode_layer(
-            hidden, residual, positions, weights, bad, [1e-5, 1e-5, 0.1], cache, slots, table, lens
-        )
+            hidden, residual, positions, weights, bad, [1e-5, 1e-5, 0.1, 0.0], cache, slots, table,
+            lens,
+        )  # fmt: skip
+    good = list(ints) + [0, 1]
+    good[7] = 0  # q/k norms (split_norm_rope_neox) with a GPT-J-style rotary embedding
+    qk = weights[:19] + [weights[0][:HD], weights[0][:HD]]
+    with pytest.raises(RuntimeError, match="need both norm weights and a neox rotary"):
+        torch.ops.vllm_x86.decode_layer(
+            hidden, residual, positions, qk, good, [1e-5, 1e-5, 0.1, 1e-6], cache, slots, table,
+            lens,
+        )  # fmt: skip
 
 
 def test_linear_layers_are_read_by_kernel():

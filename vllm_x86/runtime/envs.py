@@ -89,7 +89,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "VLLM_X86_FUSED_DECODE_LAYER",
         "1",
-        "1: decode steps of Llama and Qwen2 decoder layers whose four linear layers run the "
+        "1: decode steps of Llama, Qwen2, Qwen3 and Mistral decoder layers whose four "
+        "linear layers run the "
         "plugin's INT8 or INT4 kernels call one C++ op per layer "
         "(torch.ops.vllm_x86.decode_layer: the norms, QKV, rotary, KV-cache write and "
         "attention, output projection, MLP, with the same kernels and results as the "

@@ -756,17 +756,22 @@ at::Tensor layer_linear(const at::Tensor& x, const std::vector<std::optional<at:
 
 }  // namespace
 
-// A decode step of a Llama / Qwen2-style decoder layer in one call: the calls the plugin's
-// eager path makes for the layer (ops/decoder_layer.py's reference runs exactly these ops
-// from Python), without returning to Python between them. Inputs are never written: the
-// KV cache is, by decode_attention.
+// A decode step of a Llama / Qwen2 / Qwen3-style decoder layer in one call: the calls the
+// plugin's eager path makes for the layer (ops/decoder_layer.py's reference runs exactly
+// these ops from Python), without returning to Python between them. Inputs are never
+// written: the KV cache is, by decode_attention.
 //   weights: input norm, post-attention norm, then (weight, scale, zeros, bias) for
 //            qkv_proj, o_proj, gate_up_proj, down_proj, then the rotary cos|sin cache in
-//            the activations' dtype (19 entries)
+//            the activations' dtype, then Qwen3's q_norm and k_norm weights (none for a
+//            layer without q/k norms) (21 entries)
 //   ints:    the four linear layers' INT4 group sizes (0: INT8), query heads, KV heads,
 //            head size, neox rotary (0/1), KV cache layout (decode_attention's), float32
 //            residual stream (0/1)
-//   floats:  input norm epsilon, post-attention norm epsilon, attention scale
+//   floats:  input norm epsilon, post-attention norm epsilon, attention scale, q/k norm
+//            epsilon
+// With q/k norms, the split of qkv, the norms and the rotary embedding are one
+// split_norm_rope_neox call, as the plugin's Qwen3 attention makes it
+// (ops/qwen3_attention.py); without, the rotary embedding runs in place on qkv.
 // Returns (the MLP's output, the residual stream).
 std::tuple<at::Tensor, at::Tensor> decode_layer(
     const at::Tensor& hidden, const std::optional<at::Tensor>& residual,
@@ -774,8 +779,8 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     const std::vector<int64_t>& ints, const std::vector<double>& floats, at::Tensor& kv_cache,
     const at::Tensor& slot_mapping, const at::Tensor& block_table, const at::Tensor& seq_lens) {
   const char* op = "vllm-x86 decode_layer: ";
-  TORCH_CHECK(weights.size() == 19 && ints.size() == 10 && floats.size() == 3, op,
-              "expects 19 weights, 10 ints and 3 floats (got ", weights.size(), ", ",
+  TORCH_CHECK(weights.size() == 21 && ints.size() == 10 && floats.size() == 4, op,
+              "expects 21 weights, 10 ints and 4 floats (got ", weights.size(), ", ",
               ints.size(), ", ", floats.size(), ")");
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), op,
               "hidden must be a contiguous [tokens, hidden] tensor");
@@ -807,10 +812,23 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
   at::Tensor qkv = layer_linear(x, weights, 2, ints[0]);
   TORCH_CHECK(qkv.size(1) == (nq + 2 * nk) * hd, op, "qkv_proj gives ", qkv.size(1),
               " channels, not (", nq, " + 2 x ", nk, ") heads of ", hd);
-  at::Tensor q = qkv.narrow(1, 0, nq * hd);
-  std::optional<at::Tensor> k = qkv.narrow(1, nq * hd, nk * hd);
-  at::Tensor v = qkv.narrow(1, (nq + nk) * hd, nk * hd);
-  rotary_embedding(positions, q, k, hd, *weights[18], neox);
+  at::Tensor q, v;
+  std::optional<at::Tensor> k;
+  const bool qk_norm = weights[19].has_value();
+  if (qk_norm) {
+    TORCH_CHECK(weights[20].has_value() && neox, op,
+                "q/k norms need both norm weights and a neox rotary embedding");
+    q = at::empty({qkv.size(0), nq * hd}, qkv.options());
+    k = at::empty({qkv.size(0), nk * hd}, qkv.options());
+    v = at::empty({qkv.size(0), nk * hd}, qkv.options());
+    split_norm_rope_neox(q, *k, v, qkv, positions, *weights[19], *weights[20], *weights[18],
+                         nq, nk, hd, floats[3]);
+  } else {
+    q = qkv.narrow(1, 0, nq * hd);
+    k = qkv.narrow(1, nq * hd, nk * hd);
+    v = qkv.narrow(1, (nq + nk) * hd, nk * hd);
+    rotary_embedding(positions, q, k, hd, *weights[18], neox);
+  }
   at::Tensor attn = at::empty({hidden.size(0), nq * hd}, hidden.options());
   decode_attention(attn, q, *k, v, kv_cache, slot_mapping, block_table, seq_lens, scale, layout);
   at::Tensor o = layer_linear(attn, weights, 6, ints[1]);

@@ -1,4 +1,4 @@
-"""A decode step of a whole Llama / Qwen2 decoder layer in one C++ call.
+"""A decode step of a whole Llama / Qwen2 / Qwen3 / Mistral decoder layer in one C++ call.
 
 At one request, a decode step of a small model is mostly fixed cost (docs/overhead.md):
 each decoder layer makes about ten calls (two norms, four GEMMs, rotary, the KV-cache
@@ -6,22 +6,25 @@ write and attention, the activation), each crossing from Python into torch's dis
 and back, with Python between them; Inductor's compiled graph makes the same calls from
 its Python wrapper. For SmolLM2 that Python was about a quarter of a compiled step.
 
-The op table's rows for vLLM's ``LlamaDecoderLayer`` and ``Qwen2DecoderLayer`` switch the
-layers ``fusable`` accepts to ``X86DecoderLayerMixin``. Its forward, for a decode step
+The op table's rows for vLLM's ``LlamaDecoderLayer``, ``Qwen2DecoderLayer``,
+``Qwen3DecoderLayer`` and ``MistralDecoderLayer`` switch the layers ``fusable`` accepts
+to ``X86DecoderLayerMixin``. Its forward, for a decode step
 (one new token per sequence, little enough attention work) of a layer whose four linear
 layers run the plugin's INT8 or INT4 kernels, calls one C++ op,
 ``torch.ops.vllm_x86.decode_layer`` (csrc/ops.cpp), which makes the same kernel calls
 that the plugin's eager path makes for the layer, with the same arguments, in the same
 order: RMSNorm (or the fused add + RMSNorm, with the float32 residual stream where the
-platform chose it), the QKV GEMM, the rotary embedding in place, the plugin's decode
+platform chose it), the QKV GEMM, the rotary embedding in place (with Qwen3's q/k norms:
+the split, the norms and the rotary embedding in one ``split_norm_rope_neox`` call, as the
+plugin's Qwen3 attention makes it, ops/qwen3_attention.py), the plugin's decode
 attention (KV-cache write and attention), the output GEMM, the post-attention fused add
 + RMSNorm, the gate/up GEMM, SiLU-and-mul, the down GEMM. So its results are the eager
 path's, bit for bit (``reference_decode_layer`` below runs those ops one by one from
 Python; tests/unit/test_decoder_layer.py compares the two, and tests/e2e/test_quantized.py
 the tokens of whole models with the setting on and off).
 
-Where every layer of a Llama / Qwen2 stack (``LlamaModel``, ``Qwen2Model``) takes the
-call, the op table's rows for those classes switch the stack to
+Where every layer of a stack (``LlamaModel``, ``Qwen2Model``, ``Qwen3Model``,
+``MistralModel``) takes the call, the op table's rows for those classes switch the stack to
 ``X86FusedDecodeModelMixin``: a decode step then runs one Python loop, the embedding,
 each layer's fused call with the step's metadata looked up once, the final norm,
 instead of the stack's forward. In compiled mode that loop replaces the compiled graph
@@ -31,9 +34,10 @@ kernel calls per layer, fewer where Inductor fused elementwise ops. Other steps
 (prefill, mixed batches, a context long enough that vLLM's attention kernels are the
 faster ones, padding rows) run the stack's own code, compiled where the model is.
 
-Layers it does not take (bf16 weights, tensor or pipeline parallelism, q/k norms,
-another activation or attention backend, ``VLLM_X86_FUSED_DECODE_LAYER=0``) keep vLLM's
-forward, and the op table logs why. Measured: docs/overhead.md.
+Layers it does not take (bf16 weights, tensor or pipeline parallelism, q/k norms other
+than Qwen3's, Mistral's adaptive norm or Llama 4 attention scaling, another activation or
+attention backend, ``VLLM_X86_FUSED_DECODE_LAYER=0``) keep vLLM's forward, and the op
+table logs why. Measured: docs/overhead.md.
 """
 
 from __future__ import annotations
@@ -70,7 +74,11 @@ def fusable(layer) -> str | None:
     if attn is None or mlp is None or not hasattr(mlp, "gate_up_proj"):
         return "not a self-attention + gated MLP layer"
     if getattr(attn, "qk_norm", False):
-        return "q/k norms"
+        return "q/k norms over the whole projection"
+    if getattr(layer, "ada_rms_norm_t_cond", None) is not None:
+        return "an adaptive norm (t_cond)"
+    if getattr(attn, "do_llama_4_scaling", False):
+        return "Llama 4 attention scaling"
     if not isinstance(getattr(mlp, "act_fn", None), SiluAndMul):
         return f"activation {type(getattr(mlp, 'act_fn', None)).__name__}, not SiLU-and-mul"
     for norm in (layer.input_layernorm, layer.post_attention_layernorm):
@@ -85,6 +93,14 @@ def fusable(layer) -> str | None:
         return "rotary head size differs from the attention's"
     if layer.input_layernorm.weight.dtype != torch.bfloat16:
         return f"the model runs in {layer.input_layernorm.weight.dtype} (the INT8/INT4 kernels take bfloat16)"
+    if getattr(attn, "q_norm", None) is not None or getattr(attn, "k_norm", None) is not None:
+        from vllm_x86.runtime.ops.qwen3_attention import qk_norm_problem
+
+        why = qk_norm_problem(attn)
+        if why is not None:
+            return why
+        if attn.q_norm.weight.dtype != torch.bfloat16:
+            return "q_norm/k_norm weights are not bfloat16"
     for name in _LINEARS:
         lin = layer.get_submodule(name)
         if getattr(lin, "tp_size", 1) != 1:
@@ -150,6 +166,8 @@ def _prepare(layer, hidden: torch.Tensor):
     if cache is None or cache.shape != rope.cos_sin_cache.shape:
         cache = caches[hidden.dtype] = rope.cos_sin_cache.to(hidden.dtype).contiguous()
     weights.append(cache)
+    qk = getattr(attn, "q_norm", None) is not None  # accepted by fusable (Qwen3's)
+    weights += [attn.q_norm.weight, attn.k_norm.weight] if qk else [None, None]
     ints = groups + [
         attn.num_heads,
         attn.num_kv_heads,
@@ -162,6 +180,7 @@ def _prepare(layer, hidden: torch.Tensor):
         layer.input_layernorm.variance_epsilon,
         layer.post_attention_layernorm.variance_epsilon,
         attn.attn.impl.scale,
+        attn.q_norm.variance_epsilon if qk else 0.0,
     ]
     return weights, ints, floats, _DECODE_MAX_WORK[layout] * _WORK_FACTOR
 
@@ -235,20 +254,27 @@ def fused_step(layer, positions: torch.Tensor, hidden: torch.Tensor, residual):
 
 
 class X86DecoderLayerMixin:
-    """vLLM's Llama / Qwen2 decoder layer with a fused decode step (module docstring)."""
+    """vLLM's Llama / Qwen2 / Qwen3 / Mistral decoder layer with a fused decode step
+    (module docstring)."""
 
     def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        residual: torch.Tensor | None,
+        **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not torch.compiler.is_compiling():
+        # Mistral's layer takes t_cond (None unless the layer has its adaptive norm,
+        # which fusable refuses)
+        if not torch.compiler.is_compiling() and all(v is None for v in kwargs.values()):
             out = fused_step(self, positions, hidden_states, residual)
             if out is not None:
                 return out
-        return super().forward(positions, hidden_states, residual)
+        return super().forward(positions, hidden_states, residual, **kwargs)
 
 
 def all_layers_fusable(model) -> str | None:
-    """The op table's check for a Llama / Qwen2 model (the decoder stack): None if every
+    """The op table's check for a decoder stack (Llama, Qwen2, Qwen3, Mistral): None if every
     decoder layer takes the fused decode call, else why not."""
     layers = getattr(model, "layers", None)
     if layers is None or len(layers) == 0:
@@ -261,7 +287,7 @@ def all_layers_fusable(model) -> str | None:
 
 
 class X86FusedDecodeModelMixin:
-    """vLLM's Llama / Qwen2 decoder stack, whose decode steps run each layer as one fused
+    """vLLM's Llama / Qwen2 / Qwen3 / Mistral decoder stack, whose decode steps run each layer as one fused
     call from one Python loop (module docstring); other steps run the stack's own code,
     compiled where the model is."""
 
@@ -331,7 +357,7 @@ def _decode_step(model, positions):
 
 
 def _fused_forward(model, input_ids, positions, inputs_embeds, stack, mds, slots):
-    """LlamaModel / Qwen2Model.forward for a decode step on one rank, no auxiliary hidden
+    """The stack's forward (LlamaModel's) for a decode step on one rank, no auxiliary hidden
     states: the embedding, each layer's fused call, the final norm."""
     hidden = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
     residual = None
@@ -375,8 +401,14 @@ def reference_decode_layer(
             res = residual.clone()
             ops.fused_add_rms_norm(x, res, weights[0], floats[0])
     qkv = linear(x, 2, ints[0])
-    q, k, v = qkv.split([nq * hd, nk * hd, nk * hd], dim=-1)
-    ops.rotary_embedding(positions, q, k, hd, weights[18], bool(neox))
+    if weights[19] is not None:  # Qwen3's q/k norms, as ops/qwen3_attention.py runs them
+        q, k, v = (qkv.new_empty((qkv.shape[0], n * hd)) for n in (nq, nk, nk))
+        ops.split_norm_rope_neox(
+            q, k, v, qkv, positions, weights[19], weights[20], weights[18], nq, nk, hd, floats[3]
+        )
+    else:
+        q, k, v = qkv.split([nq * hd, nk * hd, nk * hd], dim=-1)
+        ops.rotary_embedding(positions, q, k, hd, weights[18], bool(neox))
     attn = torch.empty((hidden.shape[0], nq * hd), dtype=hidden.dtype)
     ops.decode_attention(
         attn, q, k, v, kv_cache, slot_mapping, block_table, seq_lens, floats[2], layout

@@ -23,6 +23,19 @@ from vllm_x86.runtime.ops import kernels
 
 def fusable(attn) -> str | None:
     """None if the fused path applies to this attention module, else why not."""
+    why = qk_norm_problem(attn)
+    if why is not None:
+        return why
+    if not type(attn.rotary_emb).enabled():
+        return "vLLM's rotary_embedding CustomOp is disabled (compiled mode lets Inductor fuse)"
+    if not kernels.available():
+        return kernels.load_error() or "no kernels"
+    return None
+
+
+def qk_norm_problem(attn) -> str | None:
+    """None if split_norm_rope_neox can run this attention module's split, q/k norms and
+    rotary embedding, else why not (also asked by ops/decoder_layer.py)."""
     from vllm.model_executor.layers.layernorm import RMSNorm
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
@@ -31,8 +44,6 @@ def fusable(attn) -> str | None:
         return "the rotary embedding is not a plain neox one"
     if getattr(attn, "dual_chunk_attention_config", None):
         return "dual-chunk attention"
-    if not type(rope).enabled():
-        return "vLLM's rotary_embedding CustomOp is disabled (compiled mode lets Inductor fuse)"
     for norm in (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)):
         if not isinstance(norm, RMSNorm) or not norm.has_weight:
             return "q_norm/k_norm are not weighted RMSNorms"
@@ -43,8 +54,6 @@ def fusable(attn) -> str | None:
     dtypes = {attn.q_norm.weight.dtype, attn.k_norm.weight.dtype}
     if len(dtypes) != 1 or dtypes.pop() not in (torch.bfloat16, torch.float16, torch.float32):
         return "q_norm/k_norm weights are not all bfloat16, float16 or float32"
-    if not kernels.available():
-        return kernels.load_error() or "no kernels"
     return None
 
 

@@ -286,7 +286,7 @@ OVERRIDES: tuple[Override, ...] = (
             "(decode_layer) makes the same kernel calls (docs/overhead.md)",
             check="vllm_x86.runtime.ops.decoder_layer:fusable",
         )
-        for family in ("llama", "qwen2")
+        for family in ("llama", "qwen2", "qwen3", "mistral")
     ),
     # ... and in compiled mode, those decode steps run outside the compiled graph
     *(
@@ -300,7 +300,7 @@ OVERRIDES: tuple[Override, ...] = (
             check="vllm_x86.runtime.ops.decoder_layer:all_layers_fusable",
             cpp=False,
         )
-        for family in ("llama", "qwen2")
+        for family in ("llama", "qwen2", "qwen3", "mistral")
     ),
     # Qwen3 / Qwen3-MoE attention prologue
     Override(

@@ -141,7 +141,7 @@ OPS: tuple[OpSchema, ...] = (
         _int4_gemm,
         _CSRC,
     ),
-    # a decode step of a whole Llama / Qwen2 decoder layer in one call (ops/decoder_layer.py)
+    # a decode step of a whole decoder layer in one call (ops/decoder_layer.py)
     OpSchema(
         "decode_layer",
         "(Tensor hidden, Tensor? residual, Tensor positions, Tensor?[] weights, int[] ints, "
