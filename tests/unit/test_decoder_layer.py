@@ -163,3 +163,41 @@ def test_linear_layers_are_read_by_kernel():
     bf16 = linear("w4a16", weight=w)
     bf16.x86_quantized = False
     assert "bf16 or another kernel's weights" in _linear_problem(bf16)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("f32res", [True, False])
+@pytest.mark.parametrize("m", [1, 3])
+def test_decode_stack_equals_its_layers_one_by_one(layout, f32res, m):
+    """torch.ops.vllm_x86.decode_stack (the layers of a stack one after another in one
+    call) against decode_layer called layer by layer: the last output, the residual
+    stream and every layer's KV cache equal bit for bit; layers of INT4 and INT8 weights,
+    with and without q/k norms, mixed."""
+    layers = [
+        _layer(4, 32, False, seed=0),
+        _layer(8, 0, True, seed=1),
+        _layer(4, 64, False, seed=2, qk_norm=True),
+    ]
+    ints = [i + [layout, int(f32res)] for _, i in layers]
+    floats = [[1e-5, 1e-6, HD**-0.5, 1e-6]] * len(layers)
+    hidden, _, positions, cache, slots, table, lens = _step(m, f32res, True)
+    caches = [cache.clone() for _ in layers]
+    ref_caches = [cache.clone() for _ in layers]
+    out, res = torch.ops.vllm_x86.decode_stack(
+        hidden, positions, [w for ws, _ in layers for w in ws], [x for i in ints for x in i],
+        [x for f in floats for x in f], caches, slots, table, lens,
+    )  # fmt: skip
+    h, r = hidden, None
+    for (weights, _), i, f, c in zip(layers, ints, floats, ref_caches):
+        h, r = torch.ops.vllm_x86.decode_layer(
+            h, r, positions, weights, i, f, c, slots, table, lens
+        )
+    assert torch.equal(out, h) and torch.equal(res, r)
+    assert res.dtype == (torch.float32 if f32res else torch.bfloat16)
+    for got, want in zip(caches, ref_caches):
+        assert torch.equal(got, want)
+        assert not torch.equal(got, cache)  # each layer wrote its own K and V
+    with pytest.raises(RuntimeError, match="expects 21 weights, 10 ints and 4 floats for each"):
+        torch.ops.vllm_x86.decode_stack(
+            hidden, positions, layers[0][0], ints[0], floats[0], caches, slots, table, lens
+        )

@@ -21,6 +21,7 @@ TORCH_LIBRARY_IMPL(vllm_x86, CPU, m) {
   m.impl("int8_w8a16_gemm", &vllm_x86::int8_w8a16_gemm);
   m.impl("int4_w4a16_gemm", &vllm_x86::int4_w4a16_gemm);
   m.impl("decode_layer", &vllm_x86::decode_layer);
+  m.impl("decode_stack", &vllm_x86::decode_stack);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

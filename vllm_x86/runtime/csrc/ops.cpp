@@ -846,6 +846,38 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
   return {layer_linear(act, weights, 14, ints[3]), res};
 }
 
+// A decode step of a stack of such layers, first to last, in one call: decode_layer for
+// each layer in turn, the output and residual stream of one the input of the next (the
+// first has no residual yet), so the results are a loop of decode_layer calls' bit for
+// bit, without a return to Python and a dispatch per layer. Every layer reads the same
+// slot mapping, block table and sequence lengths (one KV cache group) and its own KV
+// cache; weights, ints and floats are decode_layer's, layer after layer (21, 10 and 4 a
+// layer). Returns (the last layer's MLP output, the residual stream).
+std::tuple<at::Tensor, at::Tensor> decode_stack(
+    const at::Tensor& hidden, const at::Tensor& positions,
+    const std::vector<std::optional<at::Tensor>>& weights, const std::vector<int64_t>& ints,
+    const std::vector<double>& floats, at::TensorList kv_caches, const at::Tensor& slot_mapping,
+    const at::Tensor& block_table, const at::Tensor& seq_lens) {
+  const size_t n = kv_caches.size();
+  TORCH_CHECK(n > 0 && weights.size() == 21 * n && ints.size() == 10 * n && floats.size() == 4 * n,
+              "vllm-x86 decode_stack: expects 21 weights, 10 ints and 4 floats for each of the ",
+              n, " layers' KV caches (got ", weights.size(), ", ", ints.size(), ", ",
+              floats.size(), ")");
+  at::Tensor h = hidden;
+  std::optional<at::Tensor> res;
+  std::vector<std::optional<at::Tensor>> w(21);
+  for (size_t i = 0; i < n; ++i) {
+    std::copy(weights.begin() + 21 * i, weights.begin() + 21 * (i + 1), w.begin());
+    const std::vector<int64_t> in(ints.begin() + 10 * i, ints.begin() + 10 * (i + 1));
+    const std::vector<double> fl(floats.begin() + 4 * i, floats.begin() + 4 * (i + 1));
+    at::Tensor kv = kv_caches[i];
+    auto out = decode_layer(h, res, positions, w, in, fl, kv, slot_mapping, block_table, seq_lens);
+    h = std::get<0>(out);
+    res = std::get<1>(out);
+  }
+  return {h, *res};
+}
+
 std::vector<int64_t> bind_threads(const std::vector<int64_t>& cpus) {
   const int n = static_cast<int>(cpus.size());
   TORCH_CHECK(n > 0, "vllm-x86 bind_threads: no CPUs given");

@@ -84,5 +84,10 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     const at::Tensor& positions, const std::vector<std::optional<at::Tensor>>& weights,
     const std::vector<int64_t>& ints, const std::vector<double>& floats, at::Tensor& kv_cache,
     const at::Tensor& slot_mapping, const at::Tensor& block_table, const at::Tensor& seq_lens);
+std::tuple<at::Tensor, at::Tensor> decode_stack(
+    const at::Tensor& hidden, const at::Tensor& positions,
+    const std::vector<std::optional<at::Tensor>>& weights, const std::vector<int64_t>& ints,
+    const std::vector<double>& floats, at::TensorList kv_caches, const at::Tensor& slot_mapping,
+    const at::Tensor& block_table, const at::Tensor& seq_lens);
 
 }  // namespace vllm_x86

@@ -26,8 +26,10 @@ the tokens of whole models with the setting on and off).
 Where every layer of a stack (``LlamaModel``, ``Qwen2Model``, ``Qwen3Model``,
 ``MistralModel``) takes the call, the op table's rows for those classes switch the stack to
 ``X86FusedDecodeModelMixin``: a decode step then runs one Python loop, the embedding,
-each layer's fused call with the step's metadata looked up once, the final norm,
-instead of the stack's forward. In compiled mode that loop replaces the compiled graph
+the layers' fused calls with the step's metadata looked up once (one
+``torch.ops.vllm_x86.decode_stack`` call for all of them where they share the step's
+metadata and slot mapping, as the layers of one KV cache group do: decode_layer for each
+layer in turn, from C++), the final norm, instead of the stack's forward. In compiled mode that loop replaces the compiled graph
 for decode steps, as vLLM itself runs the stack's Python forward for a step whose
 forward context says ``skip_compiled``: the graph's Python wrapper makes the same ten
 kernel calls per layer, fewer where Inductor fused elementwise ops. Other steps
@@ -321,13 +323,18 @@ def _stack(model):
         limits.append(args[3])
     model.__dict__["_x86_fused_stack"] = stack
     model.__dict__["_x86_fused_limit"] = min(limits)
+    # decode_stack's arguments: every layer's weights, ints and floats, one after another
+    model.__dict__["_x86_fused_flat"] = tuple(
+        [x for _, _, *args in stack for x in args[i]] for i in range(3)
+    )
     return stack
 
 
 def _decode_step(model, positions):
-    """(stack, metadata by layer, slot mappings by layer) for a decode step the fused
-    layers take (no padding rows, little enough attention work: fused_step's test, for
-    every layer at once), else None."""
+    """(stack, metadata by layer, slot mappings by layer, whether every layer has the
+    same metadata and slot mapping) for a decode step the fused layers take (no padding
+    rows, little enough attention work: fused_step's test, for every layer at once),
+    else None."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
 
     if not is_forward_context_available():
@@ -347,28 +354,43 @@ def _decode_step(model, positions):
     if stack is None or not _small_attention(md, stack[0][1], model.__dict__["_x86_fused_limit"]):
         return None
     slots = ctx.slot_mapping
+    if slots is None:
+        return None  # a step that writes no KV cache: the layers' own code
+    slot = slots.get(stack[0][0])
+    uniform = True
     for name, *_ in stack:
-        other = mds.get(name)
+        other, its = mds.get(name), slots.get(name)
         if other is not md and (other is None or other.max_query_len != 1):
             return None
-        if slots is None or slots.get(name) is None:
-            return None  # a step that writes no KV cache: the layers' own code
-    return stack, mds, slots
+        if its is None:
+            return None
+        uniform = uniform and other is md and its is slot
+    return stack, mds, slots, uniform
 
 
-def _fused_forward(model, input_ids, positions, inputs_embeds, stack, mds, slots):
+def _fused_forward(model, input_ids, positions, inputs_embeds, stack, mds, slots, uniform):
     """The stack's forward (LlamaModel's) for a decode step on one rank, no auxiliary hidden
-    states: the embedding, each layer's fused call, the final norm."""
+    states: the embedding, the layers' fused calls (all in one decode_stack call where
+    they share the step's metadata and slot mapping, as one KV cache group does), the
+    final norm."""
     hidden = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
-    residual = None
     pos = positions if positions.dtype == torch.long else positions.long()
-    op = torch.ops.vllm_x86.decode_layer.default
-    for name, attn, weights, ints, floats in stack:
+    if uniform:
+        name = stack[0][0]
         md = mds[name]
-        hidden, residual = op(
-            hidden, residual, pos, weights, ints, floats, attn.kv_cache, slots[name],
-            md.block_table, md.seq_lens,
+        hidden, residual = torch.ops.vllm_x86.decode_stack.default(
+            hidden, pos, *model.__dict__["_x86_fused_flat"],
+            [attn.kv_cache for _, attn, *_ in stack], slots[name], md.block_table, md.seq_lens,
         )  # fmt: skip
+    else:
+        residual = None
+        op = torch.ops.vllm_x86.decode_layer.default
+        for name, attn, weights, ints, floats in stack:
+            md = mds[name]
+            hidden, residual = op(
+                hidden, residual, pos, weights, ints, floats, attn.kv_cache, slots[name],
+                md.block_table, md.seq_lens,
+            )  # fmt: skip
     hidden, _ = model.norm(hidden, residual)
     return hidden
 

@@ -67,6 +67,13 @@ def _layer_outputs(hidden, residual, positions, weights, ints, *rest):
     return hidden.new_empty(hidden.shape), hidden.new_empty(hidden.shape, dtype=dtype)
 
 
+def _stack_outputs(hidden, positions, weights, ints, *rest):
+    """(the last layer's MLP output, the residual stream): float32 where the layers keep
+    the residual stream so (ints[9])."""
+    dtype = torch.float32 if ints[9] else hidden.dtype
+    return hidden.new_empty(hidden.shape), hidden.new_empty(hidden.shape, dtype=dtype)
+
+
 def _refined_logits(logits, hidden, weight, bias, rel):
     return logits.new_empty(logits.shape, dtype=torch.float32)
 
@@ -148,6 +155,15 @@ OPS: tuple[OpSchema, ...] = (
         "float[] floats, Tensor! kv_cache, Tensor slot_mapping, Tensor block_table, "
         "Tensor seq_lens) -> (Tensor, Tensor)",
         _layer_outputs,
+        _CSRC,
+    ),
+    # ... and of a stack of them, layer after layer, in one call (ops/decoder_layer.py)
+    OpSchema(
+        "decode_stack",
+        "(Tensor hidden, Tensor positions, Tensor?[] weights, int[] ints, float[] floats, "
+        "Tensor(a!)[] kv_caches, Tensor slot_mapping, Tensor block_table, Tensor seq_lens) "
+        "-> (Tensor, Tensor)",
+        _stack_outputs,
         _CSRC,
     ),
     # the quantized MoE experts as one op, opaque to Dynamo (quant/moe.py)
