@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from vllm_x86.runtime.ops import kernels
-from vllm_x86.runtime.ops.decoder_layer import reference_decode_layer
+from vllm_x86.runtime.ops.decoder_layer import reference_decode_layer, reference_decode_stack
 from vllm_x86.runtime.quant.methods import quant_isa, quantize_pack
 
 pytestmark = pytest.mark.skipif(
@@ -170,9 +170,10 @@ def test_linear_layers_are_read_by_kernel():
 @pytest.mark.parametrize("m", [1, 3])
 def test_decode_stack_equals_its_layers_one_by_one(layout, f32res, m):
     """torch.ops.vllm_x86.decode_stack (the layers of a stack one after another in one
-    call) against decode_layer called layer by layer: the last output, the residual
-    stream and every layer's KV cache equal bit for bit; layers of INT4 and INT8 weights,
-    with and without q/k norms, mixed."""
+    call) against decode_layer called layer by layer and against its reference (the ops
+    one by one from Python): the last output, the residual stream and every layer's KV
+    cache equal bit for bit; layers of INT4 and INT8 weights, with and without q/k norms,
+    mixed."""
     layers = [
         _layer(4, 32, False, seed=0),
         _layer(8, 0, True, seed=1),
@@ -197,6 +198,14 @@ def test_decode_stack_equals_its_layers_one_by_one(layout, f32res, m):
     for got, want in zip(caches, ref_caches):
         assert torch.equal(got, want)
         assert not torch.equal(got, cache)  # each layer wrote its own K and V
+    # and its reference, the ops one by one from Python
+    py_caches = [cache.clone() for _ in layers]
+    h, r = reference_decode_stack(
+        hidden, positions, [w for ws, _ in layers for w in ws], [x for i in ints for x in i],
+        [x for f in floats for x in f], py_caches, slots, table, lens,
+    )  # fmt: skip
+    assert torch.equal(out, h) and torch.equal(res, r)
+    assert all(torch.equal(a, b) for a, b in zip(caches, py_caches))
     with pytest.raises(RuntimeError, match="expects 21 weights, 10 ints and 4 floats for each"):
         torch.ops.vllm_x86.decode_stack(
             hidden, positions, layers[0][0], ints[0], floats[0], caches, slots, table, lens

@@ -445,3 +445,18 @@ def reference_decode_layer(
     act = torch.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=gate_up.dtype)
     ops.silu_and_mul(act, gate_up)
     return linear(act, 14, ints[3]), res
+
+
+def reference_decode_stack(
+    hidden, positions, weights, ints, floats, kv_caches, slot_mapping, block_table, seq_lens
+):
+    """torch.ops.vllm_x86.decode_stack's reference: reference_decode_layer for each layer
+    in turn (21 weights, 10 ints and 4 floats a layer), the first without a residual."""
+    residual = None
+    for i, kv_cache in enumerate(kv_caches):
+        hidden, residual = reference_decode_layer(
+            hidden, residual, positions, weights[21 * i : 21 * (i + 1)],
+            ints[10 * i : 10 * (i + 1)], floats[4 * i : 4 * (i + 1)], kv_cache, slot_mapping,
+            block_table, seq_lens,
+        )  # fmt: skip
+    return hidden, residual
