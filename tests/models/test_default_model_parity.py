@@ -9,17 +9,22 @@ tests/helpers/logit_error.py (the demo's France question first).
 - fp32 engines: every token equals the reference's.
 - bf16 engines (the default, VLLM_X86_FP32_RESIDUAL=1: residual stream and best logits
   in float32): equal to the float32 reference's tokens up to its first step whose two
-  best logits are less than MARGIN (0.05) apart; there a bf16 model may legitimately
-  part (the rest of its arithmetic is bf16). France: "The" leads "L" by 0.098 in
-  float32, so bf16 must answer "The capital of France is Paris." on every CPU (it
-  answered "L'Étoile, ..." compiled on an AMD EPYC before the float32 residual).
+  best logits are less than BF16_MARGIN (0.1) apart; there a bf16 model may legitimately
+  part. The rest of its arithmetic is bf16 (every GEMM's input and output, rotary, the
+  KV cache, the final norm's output), which moves the distance between the top logits by
+  0.05 on average and 0.19-0.21 at the 99th percentile (AMD EPYC VM, 2026-12-07:
+  tests/helpers/logit_error.py, docs/correctness.md); a rule at 0.05 holds only by luck
+  (the EPYC's compiled engine parted at a step with margin 0.065, its eager one would
+  need 0.034, the AMX Xeon's 0.019-0.041). France: "The" leads "L" by 0.098 in float32,
+  so bf16 must answer "The capital of France is Paris." on every CPU (it answered
+  "L'Étoile, ..." compiled on an AMD EPYC before the float32 residual).
 - INT8 engines (`--quantization x86_int8`): INT8 weights are another model. Their
-  rounding alone moves the logits at the top tokens by far more than MARGIN from the
+  rounding alone moves the logits at the top tokens by far more than BF16_MARGIN from the
   float32 bf16-weight model's (measured on these prompts, 2026-12-05: mean 0.21, 99th
   percentile 0.73, max 1.21; bf16 with the float32 residual: 0.08 / 0.32 / 0.47), and
   INT8 parted from the float32 tokens at steps whose float32 margin was 0.074 (eager)
   and 0.37 (compiled). So INT8 is held to the same rule with INT8_MARGIN (0.75, about
-  that 99th percentile) instead of MARGIN: it catches a broken INT8 path, not the
+  that 99th percentile) instead of BF16_MARGIN: it catches a broken INT8 path, not the
   quantization's own error.
 """
 
@@ -38,7 +43,8 @@ from tests.helpers.logit_error import QUESTIONS, Reference, agrees_until_tie, pr
 pytestmark = pytest.mark.timeout(3600)
 
 NEW_TOKENS = 32
-MARGIN = 0.05  # the float32 top-two gap from which bf16 engines must follow float32
+MARGIN = 0.05  # the gap at which the float32 residual is told apart from vLLM's rounding
+BF16_MARGIN = 0.1  # the float32 top-two gap from which bf16 engines must follow float32
 INT8_MARGIN = 0.75  # INT8: see the module docstring
 
 
@@ -154,15 +160,17 @@ def test_plugin_greedy_follows_float32(plugin_runs, reference, kind, eager):
             assert res["token_ids"][i] == reference[1][i], f"{question!r}: fp32 must match"
     if kind != "int8":  # the France answer's first token leads by 0.098 in float32
         assert res["texts"][0].startswith("The capital of France is Paris."), res["texts"][0]
-    bad = _follows(res, reference, INT8_MARGIN if kind == "int8" else MARGIN)
+    bad = _follows(res, reference, INT8_MARGIN if kind == "int8" else BF16_MARGIN)
     assert not bad, "\n".join(bad)
 
 
 @pytest.mark.slow
 def test_bf16_without_fp32_residual_can_be_told_apart(plugin_runs, reference):
     """VLLM_X86_FP32_RESIDUAL=0 (vLLM's rounding: residual stream and logits in bf16)
-    parts from the float32 model on these prompts where the default does not: the
-    rule above can fail."""
+    parts from the float32 model on these prompts before a float32 gap below MARGIN
+    (0.05), where the default's eager engine does not (it would need 0.034 on the AMD
+    EPYC VM and 0.041 on the AMX Xeon VM; vLLM's rounding needed 0.098 on the Xeon): the
+    rule can fail."""
     res = plugin_runs["bfloat16-eager-bf16-residual"]
     assert res["platform"] == "X86Platform"
     assert _follows(res, reference, MARGIN)

@@ -63,9 +63,10 @@ SETTINGS: tuple[Setting, ...] = (
         "1",
         "1: bf16/fp16 models keep the residual stream (the running sum of the residual "
         "connections) in float32, and the best logits are recomputed in float32 "
-        "before sampling, so greedy output follows the float32 model wherever its two "
-        "best tokens are at least 0.05 apart (docs/correctness.md); weights and GEMM "
-        "inputs stay bf16. 0: round both to the model's dtype, as vLLM does.",
+        "before sampling, which brings greedy output closer to the float32 model's "
+        "(the default model's test prompts follow it wherever its two best tokens are "
+        "at least 0.1 apart; docs/correctness.md); weights and GEMM inputs and outputs "
+        "stay bf16. 0: round both to the model's dtype, as vLLM does.",
     ),
     Setting(
         "VLLM_X86_DIRECT_ATTENTION",
