@@ -744,7 +744,7 @@ namespace {
 // One of a decoder layer's four linear layers in decode_layer's weights list, from index
 // i: the packed weight, its scale, its zero points (INT4) and its float32 bias (or
 // none); group 0 is the INT8 kernel, else the INT4 kernel's group size.
-at::Tensor layer_linear(const at::Tensor& x, const std::vector<std::optional<at::Tensor>>& w,
+at::Tensor layer_linear(const at::Tensor& x, c10::ArrayRef<std::optional<at::Tensor>> w,
                         size_t i, int64_t group) {
   TORCH_CHECK(w[i].has_value() && w[i + 1].has_value(),
               "vllm-x86 decode_layer: linear layer ", i / 4, " has no weight or scale");
@@ -773,15 +773,20 @@ at::Tensor layer_linear(const at::Tensor& x, const std::vector<std::optional<at:
 // split_norm_rope_neox call, as the plugin's Qwen3 attention makes it
 // (ops/qwen3_attention.py); without, the rotary embedding runs in place on qkv.
 // Returns (the MLP's output, the residual stream).
-std::tuple<at::Tensor, at::Tensor> decode_layer(
+namespace {
+
+// decode_layer's body on views of its lists, so that decode_stack passes each layer's
+// slice of its own lists without copying them into new vectors every step.
+std::tuple<at::Tensor, at::Tensor> decode_layer_impl(
     const at::Tensor& hidden, const std::optional<at::Tensor>& residual,
-    const at::Tensor& positions, const std::vector<std::optional<at::Tensor>>& weights,
-    const std::vector<int64_t>& ints, const std::vector<double>& floats, at::Tensor& kv_cache,
+    const at::Tensor& positions, c10::ArrayRef<std::optional<at::Tensor>> weights,
+    c10::ArrayRef<int64_t> ints, c10::ArrayRef<double> floats, const at::Tensor& kv_cache_in,
     const at::Tensor& slot_mapping, const at::Tensor& block_table, const at::Tensor& seq_lens) {
   const char* op = "vllm-x86 decode_layer: ";
   TORCH_CHECK(weights.size() == 21 && ints.size() == 10 && floats.size() == 4, op,
               "expects 21 weights, 10 ints and 4 floats (got ", weights.size(), ", ",
               ints.size(), ", ", floats.size(), ")");
+  at::Tensor kv_cache = kv_cache_in;  // a handle: decode_attention writes its storage
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), op,
               "hidden must be a contiguous [tokens, hidden] tensor");
   TORCH_CHECK(weights[18].has_value(), op, "no rotary cos|sin cache");
@@ -846,6 +851,17 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
   return {layer_linear(act, weights, 14, ints[3]), res};
 }
 
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> decode_layer(
+    const at::Tensor& hidden, const std::optional<at::Tensor>& residual,
+    const at::Tensor& positions, const std::vector<std::optional<at::Tensor>>& weights,
+    const std::vector<int64_t>& ints, const std::vector<double>& floats, at::Tensor& kv_cache,
+    const at::Tensor& slot_mapping, const at::Tensor& block_table, const at::Tensor& seq_lens) {
+  return decode_layer_impl(hidden, residual, positions, weights, ints, floats, kv_cache,
+                           slot_mapping, block_table, seq_lens);
+}
+
 // A decode step of a stack of such layers, first to last, in one call: decode_layer for
 // each layer in turn, the output and residual stream of one the input of the next (the
 // first has no residual yet), so the results are a loop of decode_layer calls' bit for
@@ -863,15 +879,15 @@ std::tuple<at::Tensor, at::Tensor> decode_stack(
               "vllm-x86 decode_stack: expects 21 weights, 10 ints and 4 floats for each of the ",
               n, " layers' KV caches (got ", weights.size(), ", ", ints.size(), ", ",
               floats.size(), ")");
+  const c10::ArrayRef<std::optional<at::Tensor>> w(weights);
+  const c10::ArrayRef<int64_t> in(ints);
+  const c10::ArrayRef<double> fl(floats);
   at::Tensor h = hidden;
   std::optional<at::Tensor> res;
-  std::vector<std::optional<at::Tensor>> w(21);
   for (size_t i = 0; i < n; ++i) {
-    std::copy(weights.begin() + 21 * i, weights.begin() + 21 * (i + 1), w.begin());
-    const std::vector<int64_t> in(ints.begin() + 10 * i, ints.begin() + 10 * (i + 1));
-    const std::vector<double> fl(floats.begin() + 4 * i, floats.begin() + 4 * (i + 1));
-    at::Tensor kv = kv_caches[i];
-    auto out = decode_layer(h, res, positions, w, in, fl, kv, slot_mapping, block_table, seq_lens);
+    auto out = decode_layer_impl(h, res, positions, w.slice(21 * i, 21), in.slice(10 * i, 10),
+                                 fl.slice(4 * i, 4), kv_caches[i], slot_mapping, block_table,
+                                 seq_lens);
     h = std::get<0>(out);
     res = std::get<1>(out);
   }
