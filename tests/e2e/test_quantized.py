@@ -18,6 +18,7 @@ import torch
 
 from tests.conftest import HELPERS, PYTHON, clean_env
 from tests.helpers import results
+from tests.helpers.tiny_family import tiny_family
 from vllm_x86.runtime.quant.methods import quant_isa
 
 pytestmark = [
@@ -107,26 +108,6 @@ def test_input_embedding_read_from_the_file_gives_the_same_tokens(tiny):
 
 # two requests decoded together (a decode step of two rows), of different lengths
 TWO_PROMPTS = PROMPTS + [[1, 2683, 314, 253, 3458, 30]]
-
-
-def _tiny_family(arch, out, tokenizer_from):
-    """A random-weight 2-layer checkpoint of a transformers architecture (Qwen3 or
-    Mistral), hidden 256, 4 query and 2 KV heads of 64, with the default model's tokenizer."""
-    import shutil
-
-    import transformers
-
-    config = getattr(transformers, arch.replace("ForCausalLM", "Config"))(
-        vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
-        rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
-        initializer_range=0.2, sliding_window=None,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    getattr(transformers, arch)(config).to(torch.bfloat16).save_pretrained(out)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_from / f, out / f)
-    return out
 
 
 MARK = "=== engine "
@@ -220,7 +201,7 @@ def test_fused_decode_layer_qwen3_and_mistral(default_model, tmp_path):
     stack, every decode step runs it, and two requests decoded together give exactly the
     tokens of the layers' own code (INT4, eager)."""
     families = (("Qwen3ForCausalLM", "Qwen3"), ("MistralForCausalLM", "Mistral"))
-    models = {f: _tiny_family(arch, tmp_path / arch, default_model) for arch, f in families}
+    models = {f: tiny_family(arch, tmp_path / arch, default_model) for arch, f in families}
     r = run_engines(
         [
             (f"{f}-{k}", models[f], env, True)

@@ -1,6 +1,6 @@
 """Qwen3 attention with the fused split_norm_rope_neox kernel, in a real vLLM engine.
 
-A tiny random-weight Qwen3 checkpoint (built here from transformers' Qwen3Config)
+A tiny random-weight Qwen3 checkpoint (tests/helpers/tiny_family.py)
 runs through vLLM with the plugin. In eager mode the attention modules switch to the
 fused kernel; with vLLM's rotary CustomOp switched off they keep vLLM's own sequence
 (split, two RMSNorms, rotary). The fused kernel is bit-identical to that sequence, so
@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import PYTHON, clean_env
 from tests.helpers import results
+from tests.helpers.tiny_family import tiny_family
 
 pytestmark = pytest.mark.slow
 
@@ -24,33 +25,7 @@ NEW_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def tiny_qwen3(default_model, tmp_path_factory):
-    import shutil
-
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    out = tmp_path_factory.mktemp("tiny-qwen3")
-    cfg = Qwen3Config(
-        vocab_size=49152,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=1024,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        initializer_range=0.2,
-    )
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
-    model.save_pretrained(out)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(default_model / f, out / f)
-    return out
+    return tiny_family("Qwen3ForCausalLM", tmp_path_factory.mktemp("tiny-qwen3"), default_model)
 
 
 IDS = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359]]
