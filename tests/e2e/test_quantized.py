@@ -69,6 +69,62 @@ def generate(
     return results.read(r, with_log=True)
 
 
+# two requests decoded together (a decode step of two rows), of different lengths
+TWO_PROMPTS = PROMPTS + [[1, 2683, 314, 253, 3458, 30]]
+
+
+MARK = "=== engine "
+# Engines one after another in this one fresh process, each engine inside it (no
+# engine-core process): one Python + vLLM import and no hand-offs for all of them. Each
+# engine sees the environment of the process plus its own settings, nothing left from
+# the one before. The prompts go in one generate call, so decode steps have a row per
+# prompt; torch's profiler counts the fused calls' runs. A marker line says whose log
+# follows.
+_ENGINES_RUN = """
+import gc, json, os, sys
+import torch
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from vllm import LLM, SamplingParams
+from vllm.platforms import current_platform
+ids, new, mark, engines = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+out = {}
+base = dict(os.environ)
+for key, model, env, eager, quant in json.loads(engines):
+    os.environ.clear()
+    os.environ.update({**base, **env})
+    print(mark + key, flush=True)
+    kw = {"quantization": quant} if quant else {}
+    llm = LLM(model, dtype="bfloat16", enforce_eager=eager, max_model_len=1024, seed=0, **kw)
+    sp = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
+    with torch.profiler.profile() as prof:
+        outs = llm.generate([{"prompt_token_ids": x} for x in ids], sp, use_tqdm=False)
+    calls = {e.key.split("::")[1]: e.count for e in prof.key_averages()
+             if e.key in ("vllm_x86::decode_layer", "vllm_x86::decode_stack")}
+    out[key] = {"token_ids": [list(o.outputs[0].token_ids) for o in outs], "calls": calls,
+                "platform": type(current_platform).__name__}
+    del llm
+    gc.collect()
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def run_engines(engines: list, prompts=None) -> dict:
+    """{key: {"token_ids", "calls" ({"decode_layer": runs, "decode_stack": runs}), "platform",
+    "log"}}
+    for bf16 engines given as (key, model, settings, eager, quantization: "x86_int4",
+    "x86_int8" or None for none or the checkpoint's own); `prompts`: TWO_PROMPTS."""
+    got = results.run(
+        [PYTHON, "-c", _ENGINES_RUN, json.dumps(prompts or TWO_PROMPTS), str(NEW_TOKENS), MARK,
+         json.dumps([[k, str(m), e, eager, q] for k, m, e, eager, q in engines])],
+        env=clean_env(),
+        timeout=900,
+        with_log=True,
+        merge_output=True,
+    )  # fmt: skip
+    logs = dict(part.split("\n", 1) for part in got.pop("log").split(MARK)[1:])
+    return {k: {**v, "log": logs[k]} for k, v in got.items()}
+
+
 # INT8 without and INT4 with the LM head quantized: INT4 without it runs the same
 # layers as (4, True) but the head, and cost the suite two more engine starts.
 @pytest.mark.parametrize("bits,lm_head", [(8, False), (4, True)])
@@ -77,13 +133,11 @@ def test_prepacked_equals_quantized_while_loading(tiny, tmp_path, bits, lm_head)
 
     out = tmp_path / f"int{bits}"
     quantize_checkpoint(tiny, out, bits, lm_head=lm_head, progress=None)
-    on_the_fly = generate(
-        tiny,
-        "--quantization",
-        f"x86_int{bits}",
-        env={"VLLM_X86_QUANT_LM_HEAD": "1" if lm_head else "0"},
+    head = {"VLLM_X86_QUANT_LM_HEAD": "1" if lm_head else "0"}
+    r = run_engines(
+        [("on-the-fly", tiny, head, True, f"x86_int{bits}"), ("prepacked", out, {}, True, None)]
     )
-    prepacked = generate(out)
+    on_the_fly, prepacked = r["on-the-fly"], r["prepacked"]
     assert prepacked["platform"] == "X86Platform"
     for run in (on_the_fly, prepacked):
         assert ("LM head (49152 x 256) in INT8" in run["log"]) == lm_head
@@ -96,65 +150,19 @@ def test_input_embedding_read_from_the_file_gives_the_same_tokens(tiny):
     table: the engine reads its rows from the checkpoint file (ops/file_embedding.py),
     says so, and gives exactly the tokens of the table held in memory."""
     head = {"VLLM_X86_QUANT_LM_HEAD": "1"}
-    from_file = generate(tiny, "--quantization", "x86_int8", env=head)
-    in_memory = generate(
-        tiny, "--quantization", "x86_int8", env={**head, "VLLM_X86_FILE_EMBEDDING": "0"}
-    )
+    r = run_engines(
+        [("from-file", tiny, head, True, "x86_int8"),
+         ("in-memory", tiny, {**head, "VLLM_X86_FILE_EMBEDDING": "0"}, True, "x86_int8")]
+    )  # fmt: skip
+    from_file, in_memory = r["from-file"], r["in-memory"]
     assert "model.embed_tokens (49152 x 256, 24 MiB) is read by row from" in from_file["log"]
     assert "is read by row" not in in_memory["log"]
     assert len(from_file["token_ids"][0]) == NEW_TOKENS
     assert from_file["token_ids"] == in_memory["token_ids"]
 
 
-# two requests decoded together (a decode step of two rows), of different lengths
-TWO_PROMPTS = PROMPTS + [[1, 2683, 314, 253, 3458, 30]]
-
-
-MARK = "=== engine "
-# INT4 engines one after another in this one fresh process, each engine inside it (no
-# engine-core process): one Python + vLLM import and no hand-offs for all of them. The
-# prompts go in one generate call, so decode steps have a row per prompt; torch's
-# profiler counts the fused calls' runs. A marker line says whose log follows.
-_ENGINES_RUN = """
-import gc, json, os, sys
-import torch
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-from vllm import LLM, SamplingParams
-ids, new, mark, engines = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-out = {}
-for key, model, env, eager in json.loads(engines):
-    os.environ.update(env)
-    print(mark + key, flush=True)
-    llm = LLM(model, dtype="bfloat16", enforce_eager=eager, max_model_len=1024, seed=0,
-              quantization="x86_int4")
-    sp = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
-    with torch.profiler.profile() as prof:
-        outs = llm.generate([{"prompt_token_ids": x} for x in ids], sp, use_tqdm=False)
-    calls = {e.key.split("::")[1]: e.count for e in prof.key_averages()
-             if e.key in ("vllm_x86::decode_layer", "vllm_x86::decode_stack")}
-    out[key] = {"token_ids": [list(o.outputs[0].token_ids) for o in outs], "calls": calls}
-    del llm
-    gc.collect()
-print("RESULT " + json.dumps(out), flush=True)
-"""
-
-
-def run_engines(engines: list, prompts=TWO_PROMPTS) -> dict:
-    """{key: {"token_ids", "calls" ({"decode_layer": runs, "decode_stack": runs}), "log"}}
-    for INT4 engines given as (key, model, environment, eager)."""
-    got = results.run(
-        [PYTHON, "-c", _ENGINES_RUN, json.dumps(prompts), str(NEW_TOKENS), MARK,
-         json.dumps([[k, str(m), e, eager] for k, m, e, eager in engines])],
-        env=clean_env(),
-        timeout=900,
-        with_log=True,
-        merge_output=True,
-    )  # fmt: skip
-    logs = dict(part.split("\n", 1) for part in got.pop("log").split(MARK)[1:])
-    return {k: {**v, "log": logs[k]} for k, v in got.items()}
-
-
 ON, OFF = {"VLLM_X86_FUSED_DECODE_LAYER": "1"}, {"VLLM_X86_FUSED_DECODE_LAYER": "0"}
+Q4 = "x86_int4"
 
 
 def layer_steps(run: dict, layers: int) -> int:
@@ -175,8 +183,8 @@ def test_fused_decode_layer_gives_the_same_tokens(tiny):
     and the kernels' differ on a near tie, so they are not compared. (INT8 layers: the
     same op with the INT8 GEMM, tests/unit/test_decoder_layer.py.)"""
     r = run_engines(
-        [("fused", tiny, ON, True), ("own", tiny, OFF, True),
-         ("compiled", tiny, ON, False), ("graph-only", tiny, OFF, False)]
+        [("fused", tiny, ON, True, Q4), ("own", tiny, OFF, True, Q4),
+         ("compiled", tiny, ON, False, Q4), ("graph-only", tiny, OFF, False, Q4)]
     )  # fmt: skip
     fused, own, compiled, graph_only = (r[k] for k in ("fused", "own", "compiled", "graph-only"))
     assert "4 LlamaDecoderLayer modules use the fused kernel" in fused["log"]
@@ -204,7 +212,7 @@ def test_fused_decode_layer_qwen3_and_mistral(default_model, tmp_path):
     models = {f: tiny_family(arch, tmp_path / arch, default_model) for arch, f in families}
     r = run_engines(
         [
-            (f"{f}-{k}", models[f], env, True)
+            (f"{f}-{k}", models[f], env, True, Q4)
             for f in models
             for k, env in (("on", ON), ("off", OFF))
         ]
@@ -239,9 +247,11 @@ def test_kept_4bit_grid_prepacked_equals_quantized_while_loading(tiny, tmp_path)
     grid = grid_copy(tiny, tmp_path / "grid")
     out = tmp_path / "int4"
     quantize_checkpoint(grid, out, 4, method="rtn", progress=None)
-    on_the_fly = generate(grid, "--quantization", "x86_int4")
+    r = run_engines(
+        [("on-the-fly", grid, {}, True, "x86_int4"), ("prepacked", out, {}, True, None)]
+    )
+    on_the_fly, prepacked = r["on-the-fly"], r["prepacked"]
     assert on_the_fly["log"].count("keeps the 4-bit grid these weights already sit on") == 1
-    prepacked = generate(out)
     assert len(prepacked["token_ids"][0]) == NEW_TOKENS
     assert prepacked["token_ids"] == on_the_fly["token_ids"]
 
