@@ -373,7 +373,7 @@ def quant_isa(request):
 def test_quantized_gemms_on_every_isa(quant_isa, rows):
     """int8_w8a16_gemm and int4_w4a16_gemm (groups of 32, 64 and 128) on each GEMM ISA
     this CPU can run, against their references (which round the activations to 8 bits
-    where the VNNI kernels do: from VLLM_X86_QUANT_A8_ROWS rows, never for groups of 32)."""
+    where the VNNI kernels do: from VLLM_X86_QUANT_A8_ROWS rows)."""
     from vllm_x86.runtime.quant import methods as m
 
     assert kernels.quant_isa() == quant_isa

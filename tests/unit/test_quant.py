@@ -158,7 +158,7 @@ def test_vnni_kernels_equal_the_amx_kernels_bit_for_bit(rows):
         for isa in ("amx", "avx512_vnni"):
             C.set_quant_isa(isa)
             got = [torch.ops.vllm_x86.int8_w8a16_gemm(x, *p8, bias)]
-            for group, zp in ((64, True), (128, False)):
+            for group, zp in ((32, True), (64, True), (128, False)):
                 p4 = m.pack_int4_w4a16(*m.quantize_int4(w, group, zp))
                 got.append(torch.ops.vllm_x86.int4_w4a16_gemm(x, *p4, group, bias))
             outs[isa] = got
@@ -199,10 +199,10 @@ def test_int4_decode_rows_run_the_vnni_kernel_on_amx():
 
 
 def _int_ops(x, w, bias):
-    """The INT8 op and the INT4 op (groups of 64 with zero points, 128 without) on x."""
+    """The INT8 op and the INT4 op (groups of 32 and 64 with zero points, 128 without) on x."""
     q, scale = m.quantize_int8(w)
     outs = [torch.ops.vllm_x86.int8_w8a16_gemm(x, m.pack_int8_w8a16(q), scale, bias)]
-    for group, zp in ((64, True), (128, False)):
+    for group, zp in ((32, True), (64, True), (128, False)):
         p4 = m.pack_int4_w4a16(*m.quantize_int4(w, group, zp))
         outs.append(torch.ops.vllm_x86.int4_w4a16_gemm(x, *p4, group, bias))
     return outs
@@ -214,7 +214,7 @@ def _int_refs(x, w, bias):
 
     q, scale = m.quantize_int8(w)
     refs = [reference.int8_w8a16_gemm(x, m.pack_int8_w8a16(q), scale, bias)]
-    for group, zp in ((64, True), (128, False)):
+    for group, zp in ((32, True), (64, True), (128, False)):
         p4 = m.pack_int4_w4a16(*m.quantize_int4(w, group, zp))
         refs.append(reference.int4_w4a16_gemm(x, *p4, group, bias))
     return refs
@@ -317,10 +317,10 @@ def test_a8_rows_setting_switches_at_its_row_count(vnni_a8):
         a16 = run(0, xs)
         got = run(4, xs)
         same = [torch.equal(a, b) for a, b in zip(a16, got, strict=True)]
-        assert same == [rows < 4] * 3, (rows, same)
+        assert same == [rows < 4] * 4, (rows, same)
         assert [torch.equal(a, b) for a, b in zip(run(rows + 1, xs), a16, strict=True)] == [
             True
-        ] * 3
+        ] * 4
     with pytest.raises(RuntimeError, match="expected 0 .never. or a row count"):
         C.set_quant_a8_rows(-1)
     for bad in ("-2", "four"):
@@ -428,11 +428,11 @@ def test_int4_amx_kernel_matches_reference(rows, group, zero_point):
     y = lin.X86Int4Linear(cfg).matmul(layer, x, None)
     wd = m.dequantize_int4(*m.quantize_int4(w, group, zero_point), group)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
-    # the plugin's kernel, 16-bit activations (8-bit for batches on VNNI, groups of 32
-    # excepted); groups of 32 with zero points in eighths
+    # the plugin's kernel, 16-bit activations (8-bit for batches on VNNI); groups of 32
+    # with zero points in eighths
     assert layer.x86_kernel == "w4a16"
     assert layer.x86_group == group
-    xa = x.float() if group == 32 else reference.kernel_activations(x)
+    xa = reference.kernel_activations(x)
     assert _rel(y, xa @ wd.t()) < 5e-3
     assert _rel(y, x.float() @ wd.t()) < 2e-2
 

@@ -86,10 +86,7 @@ def _deq(w, cfg):
 
 def _a8(method) -> int:
     """From how many tokens an expert's GEMMs take 8-bit activations with `method`'s
-    kernels (the plugin's, on AVX-512 VNNI; never for INT4 groups of 32), for the
-    reference; 0: never."""
-    if method.bits == 4 and method.config.group_size == 32:
-        return 0
+    kernels (the plugin's, on AVX-512 VNNI), for the reference; 0: never."""
     return ref.a8_rows() if method.kernel in ("w8a16", "w4a16") else 0
 
 
@@ -107,7 +104,7 @@ def _apply(method, layer, x, tw, ti):
         (4, 128, False, 5e-3),
         (4, 64, True, 5e-3),
         (4, 64, False, 5e-3),
-        (4, 32, True, 5e-3),  # zero points in eighths, 16-bit activations
+        (4, 32, True, 5e-3),  # zero points in eighths
         (4, 32, False, 5e-3),
     ],
 )

@@ -572,7 +572,7 @@ bool use_a8(int64_t m) {
   return a8_rows_choice() > 0 && m >= a8_rows_choice() && quant_isa_choice() == "avx512_vnni";
 }
 
-// 8-bit activations of an A8 GEMM: int8 [m, k], a scale and a sum per 64 inputs.
+// 8-bit activations of an A8 GEMM: int8 [m, k], a scale per 64 inputs and a sum per 32.
 struct A8Rows {
   at::Tensor a, scale, sum;
 };
@@ -582,7 +582,7 @@ A8Rows quant_activations_a8(const at::Tensor& x) {
   A8Rows r;
   r.a = at::empty({m, k}, x.options().dtype(at::kChar));
   r.scale = at::empty({m, k / 64}, x.options().dtype(at::kFloat));
-  r.sum = at::empty({m, k / 64}, x.options().dtype(at::kInt));
+  r.sum = at::empty({m, k / 32}, x.options().dtype(at::kInt));
   auto* ap = r.a.data_ptr<int8_t>();
   auto* sp = r.scale.data_ptr<float>();
   auto* up = r.sum.data_ptr<int32_t>();
@@ -704,9 +704,7 @@ at::Tensor int4_w4a16_gemm(const at::Tensor& x, const at::Tensor& w, const at::T
   const float* sp = scale.data_ptr<float>();
   const auto* zp = zeros.data_ptr<uint8_t>();
   auto* op_ = reinterpret_cast<uint16_t*>(out.data_ptr());
-  // groups of 32 keep 16-bit activations: the 8-bit ones carry a sum per 64 inputs, and
-  // a group of 32 would need its own
-  if (group_size >= 64 && use_a8(m)) {
+  if (use_a8(m)) {
     run_a8(x, nblocks, [&](const int8_t* ap, const float* asp, const int32_t* aup, int64_t b,
                            int64_t e) {
       vnni::int4_w4a8_gemm(ap, asp, aup, m, k, group_size, wp, sp, zp, bp, op_, n, b, e);

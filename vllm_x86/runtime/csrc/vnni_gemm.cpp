@@ -385,11 +385,16 @@ void gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k, int64_t gr
 // only its own group (on the default model: +0.65 % perplexity against bf16 for INT8,
 // +2.4 % with one scale per token). The int32 sum of each 64-input block is exact; it
 // is corrected for the weights' unsigned offset (128, or the zero point) with the
-// block's activation sum, converted to float and added times the block's scales.
+// block's activation sum, converted to float and added times the block's scales. INT4
+// groups of 32 (zero points in eighths of a step): each half of a block is summed and
+// corrected apart (its nibbles, its activation sum, its weight group), the block's
+// weights read twice from cache.
 
 // bf16 rows [r_begin, r_end) of x -> int8 rows of a ([m, k]), with ascale[r * k/64 + g]
-// and asum[r * k/64 + g] (the sum of the group's int8 values). A group holding NaN or
-// infinity gets a NaN scale, so the row's outputs are NaN as a float matmul's would be.
+// and asum[r * k/32 + 2 g + h] (the sums of the group's int8 values, its first and its
+// second 32 inputs apart: INT4 groups of 32 correct each half with its own zero point).
+// A group holding NaN or infinity gets a NaN scale, so the row's outputs are NaN as a
+// float matmul's would be.
 void quant_rows_a8(const uint16_t* x, int64_t ldx, int64_t k, int64_t r_begin, int64_t r_end,
                    int8_t* a, float* ascale, int32_t* asum) {
   const int64_t g_n = k / 64;
@@ -410,23 +415,26 @@ void quant_rows_a8(const uint16_t* x, int64_t ldx, int64_t k, int64_t r_begin, i
       const float s = mx > 0.f && mx < INFINITY ? mx / 127.f : 1.f;
       ascale[r * g_n + g] = mx < INFINITY ? s : NAN;
       const __m512 inv = _mm512_set1_ps(1.f / s);
-      __m512i sum = _mm512_setzero_si512();
+      __m512i sum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
       for (int i = 0; i < 4; ++i) {
         __m512 v = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(f[i], inv), -lim), lim);
         __m512i q = _mm512_cvtps_epi32(v);  // round to nearest even
-        sum = _mm512_add_epi32(sum, q);
+        sum[i / 2] = _mm512_add_epi32(sum[i / 2], q);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(a + r * k + g * 64 + 16 * i),
                          _mm512_cvtepi32_epi8(q));
       }
-      asum[r * g_n + g] = _mm512_reduce_add_epi32(sum);
+      asum[r * 2 * g_n + 2 * g] = _mm512_reduce_add_epi32(sum[0]);
+      asum[r * 2 * g_n + 2 * g + 1] = _mm512_reduce_add_epi32(sum[1]);
     }
   }
 }
 
 namespace {
 
-// T tokens x NJ channel blocks, one 64-input block kb: raw int32 sums acc[t * NJ + j].
-template <int S, int NJ, int T>
+// T tokens x NJ channel blocks, one 64-input block kb: raw int32 sums acc[t * NJ + j]
+// over its 64 inputs (H = -1), or over its first (H = 0: the low nibbles, rows 0-7) or
+// second 32 (H = 1: the high nibbles, rows 8-15) alone, for INT4 groups of 32.
+template <int S, int NJ, int T, int H = -1>
 inline void dot8(const uint8_t* const* blk, int64_t kb, int64_t stride,
                  const int8_t* const* a, int64_t c0, __m512i* acc) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
@@ -444,13 +452,13 @@ inline void dot8(const uint8_t* const* blk, int64_t kb, int64_t stride,
         const __m512i w0 = _mm512_and_si512(b, mask);
         const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(b, 4), mask);
         for (int t = 0; t < T; ++t) {
-          acc[t * NJ + j] = _mm512_dpbusd_epi32(acc[t * NJ + j], w0, x0[t]);
-          acc[t * NJ + j] = _mm512_dpbusd_epi32(acc[t * NJ + j], w1, x1[t]);
+          if (H != 1) acc[t * NJ + j] = _mm512_dpbusd_epi32(acc[t * NJ + j], w0, x0[t]);
+          if (H != 0) acc[t * NJ + j] = _mm512_dpbusd_epi32(acc[t * NJ + j], w1, x1[t]);
         }
       }
     }
   } else {
-    for (int r = 0; r < 16; ++r) {
+    for (int r = H == 1 ? 8 : 0; r < (H == 0 ? 8 : 16); ++r) {
       __m512i x[T];
       for (int t = 0; t < T; ++t) x[t] = bcast4(a[t] + c0 + 4 * r);
       for (int j = 0; j < NJ; ++j) {
@@ -463,12 +471,14 @@ inline void dot8(const uint8_t* const* blk, int64_t kb, int64_t stride,
 }
 
 // One 64-input block's sums into the float accumulators facc[t][j]: offset out, times
-// the activation group's scale (and, for INT4, the weight group's scale).
-template <bool kInt4, int NJ, int T>
+// the activation group's scale (and, for INT4, the weight group's scale). H >= 0 (INT4
+// groups of 32, zero points in eighths of a step): the sums of half H of the block
+// alone, weight group 2 kb + H: 8 sum a c - z sum a.
+template <bool kInt4, int NJ, int T, int H = -1>
 inline void add8(const __m512i* acc, const int32_t* const* asum, const float* const* ascale,
                  int64_t kb, int64_t kb_per_wg, int64_t g_n, int64_t nb0, const float* wscale,
                  const uint8_t* wzero, __m512 (*facc)[4]) {
-  const int64_t wg = kb / kb_per_wg;
+  const int64_t wg = H >= 0 ? 2 * kb + H : kb / kb_per_wg;
   for (int j = 0; j < NJ; ++j) {
     __m512i z;
     __m512 ws;
@@ -478,9 +488,11 @@ inline void add8(const __m512i* acc, const int32_t* const* asum, const float* co
       ws = _mm512_loadu_ps(wscale + o);
     }
     for (int t = 0; t < T; ++t) {
-      const __m512i s = _mm512_set1_epi32(asum[t][kb]);
-      const __m512i c = kInt4 ? _mm512_sub_epi32(acc[t * NJ + j], _mm512_mullo_epi32(z, s))
-                              : _mm512_sub_epi32(acc[t * NJ + j], _mm512_slli_epi32(s, 7));
+      const int32_t sum = H >= 0 ? asum[t][2 * kb + H] : asum[t][2 * kb] + asum[t][2 * kb + 1];
+      const __m512i s = _mm512_set1_epi32(sum);
+      const __m512i raw = H >= 0 ? _mm512_slli_epi32(acc[t * NJ + j], 3) : acc[t * NJ + j];
+      const __m512i c = kInt4 ? _mm512_sub_epi32(raw, _mm512_mullo_epi32(z, s))
+                              : _mm512_sub_epi32(raw, _mm512_slli_epi32(s, 7));
       const __m512 sc = kInt4 ? _mm512_mul_ps(ws, _mm512_set1_ps(ascale[t][kb]))
                               : _mm512_set1_ps(ascale[t][kb]);
       facc[t][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), sc, facc[t][j]);
@@ -488,7 +500,7 @@ inline void add8(const __m512i* acc, const int32_t* const* asum, const float* co
   }
 }
 
-template <bool kInt4, int S, int NJ, int T>
+template <bool kInt4, int S, int NJ, int T, bool kSplit>
 inline void tile8(const uint8_t* const* blk, int64_t stride, int64_t kb_n, int64_t kb_per_wg,
                   int64_t g_n, const int8_t* a, const float* ascale, const int32_t* asum,
                   int64_t k, int64_t t0, int64_t nb0, const float* wscale, const uint8_t* wzero,
@@ -499,7 +511,7 @@ inline void tile8(const uint8_t* const* blk, int64_t stride, int64_t kb_n, int64
   for (int t = 0; t < T; ++t) {
     at[t] = a + (t0 + t) * k;
     st[t] = ascale + (t0 + t) * kb_n;
-    ss[t] = asum + (t0 + t) * kb_n;
+    ss[t] = asum + (t0 + t) * 2 * kb_n;
   }
   __m512 facc[T][4];
   for (int t = 0; t < T; ++t)
@@ -511,8 +523,15 @@ inline void tile8(const uint8_t* const* blk, int64_t stride, int64_t kb_n, int64
       for (int j = 0; j < NJ; ++j)
         for (int l = 0; l < stride; l += 64)
           _mm_prefetch(reinterpret_cast<const char*>(blk[j] + (kb + ahead) * stride + l), VX_HINT);
-    dot8<S, NJ, T>(blk, kb, stride, at, kb * 64, acc);
-    add8<kInt4, NJ, T>(acc, ss, st, kb, kb_per_wg, g_n, nb0, wscale, wzero, facc);
+    if (kSplit) {  // INT4 groups of 32: each half of the block with its own group
+      dot8<S, NJ, T, 0>(blk, kb, stride, at, kb * 64, acc);
+      add8<kInt4, NJ, T, 0>(acc, ss, st, kb, kb_per_wg, g_n, nb0, wscale, wzero, facc);
+      dot8<S, NJ, T, 1>(blk, kb, stride, at, kb * 64, acc);
+      add8<kInt4, NJ, T, 1>(acc, ss, st, kb, kb_per_wg, g_n, nb0, wscale, wzero, facc);
+    } else {
+      dot8<S, NJ, T>(blk, kb, stride, at, kb * 64, acc);
+      add8<kInt4, NJ, T>(acc, ss, st, kb, kb_per_wg, g_n, nb0, wscale, wzero, facc);
+    }
   }
   for (int t = 0; t < T; ++t)
     for (int j = 0; j < NJ; ++j) {
@@ -524,13 +543,14 @@ inline void tile8(const uint8_t* const* blk, int64_t stride, int64_t kb_n, int64
     }
 }
 
-template <bool kInt4, int S, int T>
+template <bool kInt4, int S, int T, bool kSplit>
 inline void tile8_nj(int nj, const uint8_t* const* blk, int64_t stride, int64_t kb_n,
                      int64_t kb_per_wg, int64_t g_n, const int8_t* a, const float* ascale,
                      const int32_t* asum, int64_t k, int64_t t0, int64_t nb0, const float* wscale,
                      const uint8_t* wzero, const float* bias, uint16_t* out, int64_t ldo) {
 #define VX_TILE8(NJ)                                                                         \
-  tile8<kInt4, S, NJ, T>(blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, t0, nb0, wscale, \
+  tile8<kInt4, S, NJ, T, kSplit>(blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, t0, nb0, \
+                                 wscale, \
                          wzero, bias, out, ldo)
   switch (nj) {
     case 1: VX_TILE8(1); break;
@@ -547,13 +567,14 @@ inline void tile8_nj(int nj, const uint8_t* const* blk, int64_t stride, int64_t 
 #endif
 
 // The last m % VX_A8_TOKENS tokens in one tile of their own size.
-template <bool kInt4, int S>
+template <bool kInt4, int S, bool kSplit>
 inline void tail8(int64_t rest, int nj, const uint8_t* const* blk, int64_t stride, int64_t kb_n,
                   int64_t kb_per_wg, int64_t g_n, const int8_t* a, const float* ascale,
                   const int32_t* asum, int64_t k, int64_t t0, int64_t nb0, const float* wscale,
                   const uint8_t* wzero, const float* bias, uint16_t* out, int64_t ldo) {
 #define VX_TAIL8(T)                                                                            \
-  tile8_nj<kInt4, S, T>(nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, t0, nb0, wscale, \
+  tile8_nj<kInt4, S, T, kSplit>(nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, t0, \
+                                nb0, wscale, \
                         wzero, bias, out, ldo)
   switch (rest) {
     case 0: break;
@@ -565,7 +586,7 @@ inline void tail8(int64_t rest, int nj, const uint8_t* const* blk, int64_t strid
 }
 
 // Every token of channel blocks nb0 .. nb0 + nj - 1: tiles of VX_A8_TOKENS, then the tail.
-template <bool kInt4, int S>
+template <bool kInt4, int S, bool kSplit>
 inline void tiles8(int64_t m, int nj, const uint8_t* const* blk, int64_t stride, int64_t kb_n,
                    int64_t kb_per_wg, int64_t g_n, const int8_t* a, const float* ascale,
                    const int32_t* asum, int64_t k, int64_t nb0, const float* wscale,
@@ -574,9 +595,9 @@ inline void tiles8(int64_t m, int nj, const uint8_t* const* blk, int64_t stride,
   static_assert(kT == 4, "tail8 takes the last 1 to 3 tokens");
   int64_t t0 = 0;
   for (; t0 + kT <= m; t0 += kT)
-    tile8_nj<kInt4, S, kT>(nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, t0, nb0,
-                           wscale, wzero, bias, out, ldo);
-  tail8<kInt4, S>(m - t0, nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, t0, nb0,
+    tile8_nj<kInt4, S, kT, kSplit>(nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, t0,
+                                   nb0, wscale, wzero, bias, out, ldo);
+  tail8<kInt4, S, kSplit>(m - t0, nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, t0, nb0,
                   wscale, wzero, bias, out, ldo);
 }
 
@@ -584,7 +605,9 @@ template <bool kInt4>
 void gemm_a8(const int8_t* a, const float* ascale, const int32_t* asum, int64_t m, int64_t k,
              int64_t group, const void* w, const float* wscale, const uint8_t* wzero,
              const float* bias, uint16_t* out, int64_t ldo, int64_t nb_begin, int64_t nb_end) {
-  const int64_t kb_n = k / 64, g_n = kInt4 ? k / group : 1, kb_per_wg = kInt4 ? group / 64 : kb_n;
+  const int64_t kb_n = k / 64, g_n = kInt4 ? k / group : 1;
+  const bool split = kInt4 && group == 32;  // two weight groups a block (eighths of a step)
+  const int64_t kb_per_wg = split ? 1 : kInt4 ? group / 64 : kb_n;
   constexpr int64_t kBlock = kInt4 ? 512 : 1024;
   const auto* wb = static_cast<const uint8_t*>(w);
   const bool expand = kInt4 && m >= VX_EXPAND_ROWS_A8;
@@ -597,12 +620,18 @@ void gemm_a8(const int8_t* a, const float* ascale, const int32_t* asum, int64_t 
     const int nj = static_cast<int>(nb_end - nb0 < unit ? nb_end - nb0 : unit);
     const uint8_t* blk[4];
     const int64_t stride = block_pointers(wb, kBlock, kb_n, nb0, nj, bytes, blk);
-    if (expand)
-      tiles8<kInt4, kBytes>(m, nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, nb0,
-                            wscale, wzero, bias, out, ldo);
+#define VX_TILES8(S, SPLIT)                                                                 \
+  tiles8<kInt4, S, SPLIT>(m, nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale, asum, k, nb0, \
+                          wscale, wzero, bias, out, ldo)
+    if (expand && split)
+      VX_TILES8(kBytes, true);
+    else if (expand)
+      VX_TILES8(kBytes, false);
+    else if (split)
+      VX_TILES8(kRaw4, true);
     else
-      tiles8<kInt4, kInt4 ? kRaw4 : kRaw8>(m, nj, blk, stride, kb_n, kb_per_wg, g_n, a, ascale,
-                                           asum, k, nb0, wscale, wzero, bias, out, ldo);
+      VX_TILES8(kInt4 ? kRaw4 : kRaw8, false);
+#undef VX_TILES8
   }
 }
 

@@ -24,9 +24,10 @@ void int4_w4a16_gemm(const int8_t* a, const float* xscale, int64_t m, int64_t k,
                      int64_t nb_end);
 
 // 8-bit activations (A8) with a scale per token and group of 64 inputs: bf16 rows
-// [r_begin, r_end) of x (row stride ldx) -> int8 rows of a [m, k], scales and sums
-// [m, k / 64]. Not bit-identical to the 16-bit kernels (the activations are rounded
-// to 8 bits); the float32 reference of the same rounding is quant/methods.py's.
+// [r_begin, r_end) of x (row stride ldx) -> int8 rows of a [m, k], scales [m, k / 64]
+// and sums per 32 inputs [m, k / 32]. Not bit-identical to the 16-bit kernels (the
+// activations are rounded to 8 bits); the float32 reference of the same rounding is
+// ops/reference.py's a8_activations.
 void quant_rows_a8(const uint16_t* x, int64_t ldx, int64_t k, int64_t r_begin, int64_t r_end,
                    int8_t* a, float* ascale, int32_t* asum);
 

@@ -331,7 +331,7 @@ def int4_w4a16_gemm(
     `w`, `scale`, `zeros` as quant/methods.pack_int4_w4a16 packs them, unpacked here
     (groups of 32: (8 codes - zero) * scale, zero points in eighths of a step). As for
     int8_w8a16_gemm, the kernel's 16-bit activations are not modelled, its 8-bit ones
-    are (never for groups of 32)."""
+    are."""
     nb, k8 = w.shape
     k = k8 // 8
     b = w.view(nb, k // 64, 8, 64)
@@ -342,7 +342,7 @@ def int4_w4a16_gemm(
     steps = 8.0 if group_size == 32 else 1.0
     qs = q.float().view(-1, g, group_size) * steps
     wd = (qs - z.float()[..., None]) * s.float()[..., None]
-    xa = x.float() if group_size == 32 else kernel_activations(x)
+    xa = kernel_activations(x)
     out = xa @ wd.view(nb * 16, k).t()
     if bias is not None:
         out = out + bias.float()

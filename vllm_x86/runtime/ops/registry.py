@@ -132,7 +132,7 @@ W4A16 = Kernel(
     _PLUGIN_ISAS,
     f"{_REF}:int4_w4a16_gemm",
     "the plugin's, groups of 32 (zero points in eighths of a step), 64 and 128: "
-    "activations as for w8a16 (groups of 32: 16-bit at every row count)",
+    "activations as for w8a16",
     layout="vllm-x86-int4-w4a16-amx-1",
 )
 VLLM_W4A8 = Kernel(
