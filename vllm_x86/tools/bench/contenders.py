@@ -262,8 +262,8 @@ CONTENDERS: dict[str, Contender] = {
         Contender(
             "plugin-int4-a16",
             "plugin-server",
-            "vllm-x86 quantizing to INT4 (group 128) while it loads, 16-bit activations at "
-            "every batch size (`--quantization x86_int4`, VLLM_X86_QUANT_A8_ROWS=0)",
+            "vllm-x86 quantizing to INT4 while it loads (as plugin-int4), 16-bit activations "
+            "at every batch size (`--quantization x86_int4`, VLLM_X86_QUANT_A8_ROWS=0)",
             {"VLLM_X86_QUANT_A8_ROWS": "0"},
             args=("--quantization", "x86_int4"),
         ),
