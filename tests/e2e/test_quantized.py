@@ -89,12 +89,12 @@ from vllm.platforms import current_platform
 ids, new, mark, engines = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 out = {}
 base = dict(os.environ)
-for key, model, env, eager, quant in json.loads(engines):
+for key, model, env, eager, quant, dtype in json.loads(engines):
     os.environ.clear()
     os.environ.update({**base, **env})
     print(mark + key, flush=True)
     kw = {"quantization": quant} if quant else {}
-    llm = LLM(model, dtype="bfloat16", enforce_eager=eager, max_model_len=1024, seed=0, **kw)
+    llm = LLM(model, dtype=dtype, enforce_eager=eager, max_model_len=1024, seed=0, **kw)
     sp = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
     with torch.profiler.profile() as prof:
         outs = llm.generate([{"prompt_token_ids": x} for x in ids], sp, use_tqdm=False)
@@ -111,11 +111,12 @@ print("RESULT " + json.dumps(out), flush=True)
 def run_engines(engines: list, prompts=None) -> dict:
     """{key: {"token_ids", "calls" ({"decode_layer": runs, "decode_stack": runs}), "platform",
     "log"}}
-    for bf16 engines given as (key, model, settings, eager, quantization: "x86_int4",
-    "x86_int8" or None for none or the checkpoint's own); `prompts`: TWO_PROMPTS."""
+    for engines given as (key, model, settings, eager, quantization: "x86_int4", "x86_int8"
+    or None for none or the checkpoint's own[, dtype: bfloat16]); `prompts`: TWO_PROMPTS."""
+    specs = [[k, str(m), e, eager, q, *(d or ["bfloat16"])] for k, m, e, eager, q, *d in engines]
     got = results.run(
         [PYTHON, "-c", _ENGINES_RUN, json.dumps(prompts or TWO_PROMPTS), str(NEW_TOKENS), MARK,
-         json.dumps([[k, str(m), e, eager, q] for k, m, e, eager, q in engines])],
+         json.dumps(specs)],
         env=clean_env(),
         timeout=900,
         with_log=True,
@@ -362,7 +363,10 @@ def _write_awq(src, dst, group: int = 128) -> None:
 def test_awq_checkpoint_still_serves(tiny, tmp_path):
     awq = tmp_path / "awq"
     _write_awq(tiny, awq)
-    got = generate(awq, dtype="float16")
+    r = run_engines(
+        [("awq", awq, {}, True, None, "float16"),
+         ("dequantized", tmp_path / "awq-dequant", {}, True, None, "float16")]
+    )  # fmt: skip
+    got, want = r["awq"], r["dequantized"]
     assert got["platform"] == "X86Platform"
-    want = generate(tmp_path / "awq-dequant", dtype="float16")
     assert got["token_ids"][0][:8] == want["token_ids"][0][:8]
