@@ -49,9 +49,13 @@ def test_tiny_model_breakdown_closes(profiled):
     # the real check: what the server's processes measured explains what the client saw
     assert abs(r["unaccounted"]) <= 0.25 * r["itl_ms"] + 0.5, r
     assert r["engine_period"] == pytest.approx(r["itl_ms"], rel=0.25, abs=0.5)
-    # the reported request: the one the rest of the machine disturbed least
+    # the reported request: the one the rest of the machine disturbed least among
+    # those whose accounting closes (a request whose tokens reached the client in a
+    # burst can have the lower engine period and still not close)
     assert len(r["requests"]) == 2
-    assert r["engine_period"] == min(q["engine_period"] for q in r["requests"])
+    closing = [q for q in r["requests"] if abs(q["unaccounted"]) <= 0.25 * q["itl_ms"] + 0.5]
+    assert closing, r["requests"]
+    assert r["engine_period"] == min(q["engine_period"] for q in closing)
     # the op profile saw the model's GEMMs and attention, and the front end was timed
     cats = {op["category"] for op in r["ops"]["top_ops"]}
     assert {"gemm", "attention", "other"} <= cats, r["ops"]["top_ops"]
