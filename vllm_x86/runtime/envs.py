@@ -183,6 +183,15 @@ SETTINGS: tuple[Setting, ...] = (
         "points; 0: vLLM CPU's worker process.",
     ),
     Setting(
+        "VLLM_X86_ENGINE_IN_SERVER",
+        "0",
+        "With VLLM_X86_SERVE_DEFAULTS=1 (`vllm-x86 serve`, the standby daemon), forked "
+        "engine processes (VLLM_X86_ENGINE_FORK) and one worker inside the engine "
+        "(VLLM_X86_WORKER_IN_ENGINE), run vLLM's engine core as a thread of the OpenAI "
+        "server's process instead of a process of its own: one process and one Python "
+        "heap fewer. 0: the engine core's own process, as in vLLM.",
+    ),
+    Setting(
         "VLLM_X86_USE_PREPACKED",
         "1",
         "`vllm-x86 serve MODEL --quantization x86_int8|x86_int4` (and the playground's "

@@ -26,6 +26,8 @@ module each, its docstring the full story:
 - ``json_budget``: JSON-schema answers kept within max_tokens (the engine's grammar
   masks narrowed near the end of the budget; VLLM_X86_JSON_BUDGET);
 - ``engine_death_exit``: the plugin's server exits 1, not 0, when its engine died;
+- ``engine_thread``: with VLLM_X86_ENGINE_IN_SERVER=1, the engine core as a thread of
+  the plugin's server instead of a process of its own;
 - ``triton_allocator``: ``no_triton_allocator``, used by ops/gdn.py around one
   constructor;
 - ``api_auth``: with an API key, vLLM's server asks for it on every route but the
@@ -53,6 +55,7 @@ from vllm_x86.runtime.patches import (
     aot_finalize_loading,
     api_auth,
     engine_death_exit,
+    engine_thread,
     frontend_warmup,
     greedy_argmax,
     json_budget,
@@ -80,6 +83,7 @@ def apply_all() -> None:
     openai_errors.apply()  # in the OpenAI server's process only
     responses_input.apply()  # in the OpenAI server's process only
     engine_death_exit.apply()  # in the plugin's OpenAI server's process only
+    engine_thread.apply()  # in the plugin's servers: the engine launcher's context
     structured_output.apply()
     json_budget.apply()  # in the engine core's process: the grammar masks
     greedy_argmax.apply()  # the sampler: in the engine core's (worker's) process

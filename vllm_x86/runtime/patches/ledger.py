@@ -569,6 +569,67 @@ LEDGER: tuple[Patch, ...] = (
         ),
     ),
     Patch(
+        name="engine_core_in_server_thread",
+        kind="monkey-patch",
+        what="in the plugin's servers, get_mp_context as vLLM's engine launcher looks it "
+        "up returns a context whose Process, for EngineCoreProc.run_engine_core with "
+        "VLLM_X86_ENGINE_IN_SERVER=1, one engine and its worker inside it, is a thread of "
+        "the server that builds vLLM's EngineCoreProc and runs its busy loop",
+        why="vLLM's async engine client always runs the engine core in a process of its "
+        "own; on a machine with few cores that is a second Python heap (about 180 MiB of "
+        "the default model's tree) and a process hand-off each way per step",
+        symbols=(
+            Symbol("vllm.v1.engine.utils:get_mp_context", ""),
+            Symbol(
+                "vllm.v1.engine.utils:CoreEngineProcManager.__init__",
+                "self local_engine_count start_index local_start_index vllm_config "
+                "local_client handshake_address executor_class log_stats "
+                "client_handshake_address tensor_queue",
+                contains=(
+                    "context = get_mp_context()",
+                    "target=EngineCoreProc.run_engine_core,",
+                    "self._finalizer = weakref.finalize(self, shutdown, self.processes)",
+                ),
+            ),
+            Symbol(
+                "vllm.v1.engine.utils:CoreEngineProcManager.monitor_engine_liveness",
+                "self",
+                contains=("sentinel_to_proc = {proc.sentinel: proc for proc in self.processes}",),
+            ),
+            Symbol(
+                "vllm.v1.utils:shutdown",
+                "procs timeout",
+                contains=("proc.terminate()", "if proc.is_alive() and proc.pid is not None"),
+            ),
+            Symbol(
+                "vllm.v1.engine.core:EngineCoreProc.run_engine_core",
+                fingerprint="532eba45b7f555fc",
+            ),
+            Symbol(
+                "vllm.v1.engine.core:EngineCoreProc.__init__",
+                "self vllm_config local_client handshake_address executor_class log_stats "
+                "client_handshake_address tensor_queue engine_index",
+            ),
+            Symbol("vllm.v1.engine.core:EngineCoreProc.run_busy_loop", "self"),
+            Symbol("vllm.v1.engine.core:EngineCoreProc._send_engine_dead", "self"),
+            Symbol("vllm.v1.engine.core:EngineShutdownState"),
+            Symbol(
+                "vllm.config.parallel:ParallelConfig.reconfigure_for_independent_dp_rank",
+                "self",
+            ),
+        ),
+        site=("vllm_x86.runtime.patches.engine_thread",),
+        vllm_file="vllm/v1/engine/utils.py; vllm/v1/engine/core.py; vllm/v1/utils.py",
+        written_against=_VLLM,
+        removed_by="vLLM's async engine client with an in-process engine core",
+        tests=(
+            "tests/unit/test_engine_thread.py::test_the_launcher_gets_a_thread_only_where_it_applies",
+            "tests/unit/test_engine_thread.py::test_a_thread_that_fails_reads_as_a_dead_process",
+            "tests/unit/test_engine_thread.py::test_vllms_shutdown_stops_the_thread_and_kills_nothing",
+            "tests/e2e/test_engine_thread.py::test_one_process_serves_the_same_text_and_stops",
+        ),
+    ),
+    Patch(
         name="step_profile",
         kind="monkey-patch",
         what="only with VLLM_X86_STEP_PROFILE set: timing wrappers (each calling vLLM's "

@@ -181,6 +181,22 @@ CONTENDERS: dict[str, Contender] = {
             args=("--quantization", "x86_int4"),
         ),
         Contender(
+            "plugin-int4-head4-engine-thread",
+            "plugin-server",
+            "plugin-int4-head4 with vLLM's engine core as a thread of the OpenAI server's "
+            "process instead of a process of its own (VLLM_X86_ENGINE_IN_SERVER=1)",
+            {"VLLM_X86_QUANT_LM_HEAD": "int4", "VLLM_X86_ENGINE_IN_SERVER": "1"},
+            args=("--quantization", "x86_int4"),
+        ),
+        Contender(
+            "plugin-int4-head-engine-thread",
+            "plugin-server",
+            "plugin-int4-head with vLLM's engine core as a thread of the OpenAI server's "
+            "process instead of a process of its own (VLLM_X86_ENGINE_IN_SERVER=1)",
+            {"VLLM_X86_QUANT_LM_HEAD": "1", "VLLM_X86_ENGINE_IN_SERVER": "1"},
+            args=("--quantization", "x86_int4"),
+        ),
+        Contender(
             "plugin-int4-head-layer-ops",
             "plugin-server",
             "plugin-int4-head with each decoder layer's decode step as its ten op calls "
