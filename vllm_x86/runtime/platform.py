@@ -157,10 +157,20 @@ class X86Platform(CpuPlatform):
         The daemon registers them before it forks (tools/daemon/server.py), and the
         processes it forks inherit the rebound modules, so they skip the scan (ledger:
         triton_kernel_overrides_once). A spawned process starts with the flag unset
-        and registers as vLLM does."""
+        and registers as vLLM does.
+
+        The slot mapping's stand-in is the plugin's (ops/slot_mapping.py: the same
+        slots without an OpenMP region), in the same registration call;
+        VLLM_X86_SLOT_MAPPING=0 keeps vLLM CPU's (ledger: slot_mapping_without_openmp)."""
         if cls._triton_overrides_registered:
             return
-        super().register_triton_kernel_overrides()
+        if envs.get_bool("VLLM_X86_SLOT_MAPPING"):
+            from vllm_x86.runtime.ops import slot_mapping
+
+            with slot_mapping.in_vllm_registration():
+                super().register_triton_kernel_overrides()
+        else:
+            super().register_triton_kernel_overrides()
         X86Platform._triton_overrides_registered = True
 
     @classmethod

@@ -1023,6 +1023,48 @@ LEDGER: tuple[Patch, ...] = (
         ),
     ),
     Patch(
+        name="slot_mapping_without_openmp",
+        kind="replaced function",
+        what="while X86Platform.register_triton_kernel_overrides runs vLLM CPU's "
+        "registration, vLLM's register_kernels is swapped for a wrapper that hands it the "
+        "same mapping with the slot-mapping stand-in replaced by the plugin's "
+        "(ops/slot_mapping.py; VLLM_X86_SLOT_MAPPING=0 keeps vLLM CPU's)",
+        why="vLLM CPU's C++ stand-in opens an OpenMP region for a few integers, the first "
+        "of each step, which waits for the model's other threads while the API server "
+        "holds a core: about 0.6 ms of a 2.9 ms decode step of the tiny model on 2 vCPUs; "
+        "one registration call, as a second would scan every module again",
+        symbols=(
+            Symbol("vllm.triton_utils.dispatcher:register_kernels", "overrides"),
+            Symbol(
+                "vllm.platforms.cpu:CpuPlatform.register_triton_kernel_overrides",
+                "cls",
+                contains=(
+                    "from vllm.triton_utils.dispatcher import register_kernels",
+                    '"vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel": (',
+                ),
+            ),
+            Symbol(
+                "vllm.utils.cpu_triton_utils:_compute_slot_mapping_kernel_impl",
+                "num_tokens max_num_tokens query_start_loc positions block_table "
+                "block_table_stride slot_mapping KV_CACHE_BLOCK_SIZE TOTAL_CP_WORLD_SIZE "
+                "TOTAL_CP_RANK CP_KV_CACHE_INTERLEAVE_SIZE PAD_ID BLOCK_SIZE",
+            ),
+            Symbol("vllm.v1.worker.block_table:ComputeSlotMappingKernel.kernel"),
+        ),
+        site=(
+            "vllm_x86.runtime.platform:X86Platform.register_triton_kernel_overrides",
+            "vllm_x86.runtime.ops.slot_mapping:in_vllm_registration",
+        ),
+        vllm_file="vllm/platforms/cpu.py, vllm/utils/cpu_triton_utils.py, "
+        "vllm/triton_utils/dispatcher.py",
+        written_against=_VLLM,
+        removed_by="vLLM CPU's stand-in computing small slot mappings without a parallel region",
+        tests=(
+            "tests/unit/test_slot_mapping.py::test_same_slots_as_vllm_cpu",
+            "tests/unit/test_slot_mapping.py::test_registered_in_vllms_place_unless_turned_off",
+        ),
+    ),
+    Patch(
         name="worker_in_engine_process",
         kind="environment",
         what="in the plugin's own servers with one worker, X86Platform sets "

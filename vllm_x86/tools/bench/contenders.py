@@ -181,6 +181,14 @@ CONTENDERS: dict[str, Contender] = {
             args=("--quantization", "x86_int4"),
         ),
         Contender(
+            "plugin-int8-head-vllm-slots",
+            "plugin-server",
+            "plugin-int8-head with vLLM CPU's C++ slot mapping (an OpenMP region at the "
+            "start of every step) instead of the plugin's (VLLM_X86_SLOT_MAPPING=0)",
+            {"VLLM_X86_QUANT_LM_HEAD": "1", "VLLM_X86_SLOT_MAPPING": "0"},
+            args=("--quantization", "x86_int8"),
+        ),
+        Contender(
             "plugin-int4-head4-engine-thread",
             "plugin-server",
             "plugin-int4-head4 with vLLM's engine core as a thread of the OpenAI server's "
