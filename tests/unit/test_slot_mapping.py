@@ -64,6 +64,7 @@ def _run(code: str, **env) -> str:
 
 
 REGISTERED = """
+    import os
     from vllm.platforms import current_platform
     from vllm.triton_utils import HAS_TRITON, dispatcher
     from vllm.v1.worker import block_table
@@ -71,15 +72,24 @@ REGISTERED = """
     if HAS_TRITON:
         print("triton has a CPU backend: nothing registered")
         raise SystemExit(0)
+
+    def registered():
+        impl = block_table.ComputeSlotMappingKernel.kernel._impl
+        return "plugin" if impl is slot_mapping.compute_slot_mapping else impl.__module__
+
     register = dispatcher.register_kernels
     current_platform.register_triton_kernel_overrides()
     assert dispatcher.register_kernels is register  # put back after the call
-    impl = block_table.ComputeSlotMappingKernel.kernel._impl
-    print("plugin" if impl is slot_mapping.compute_slot_mapping else impl.__module__)
+    first = registered()
+    # turned off: vLLM CPU's stand-in (registered again in this process to see it)
+    os.environ["VLLM_X86_SLOT_MAPPING"] = "0"
+    type(current_platform)._triton_overrides_registered = False
+    current_platform.register_triton_kernel_overrides()
+    print(first, registered())
 """
 
 
 def test_registered_in_vllms_place_unless_turned_off():
-    assert _run(REGISTERED) in ("plugin", "triton has a CPU backend: nothing registered")
-    off = _run(REGISTERED, VLLM_X86_SLOT_MAPPING="0")
-    assert off in ("vllm.utils.cpu_triton_utils", "triton has a CPU backend: nothing registered")
+    out = _run(REGISTERED)
+    assert out in ("plugin vllm.utils.cpu_triton_utils",
+                   "triton has a CPU backend: nothing registered"), out  # fmt: skip
