@@ -44,8 +44,8 @@ engine core.
 from __future__ import annotations
 
 import copy
+import importlib
 import os
-import sys
 import threading
 
 from vllm_x86.runtime import envs
@@ -90,7 +90,6 @@ class EngineThread:
         self.name = name
         self.pid = None  # vLLM's shutdown kills the process tree of a pid that lingers
         self.exitcode: int | None = None
-        self.daemon = True
         self._kwargs = kwargs
         self._read, self._write = os.pipe()
         self.sentinel = self._read
@@ -120,11 +119,6 @@ class EngineThread:
         if engine.shutdown_state == EngineShutdownState.RUNNING:
             engine.shutdown_state = EngineShutdownState.REQUESTED
         engine.input_queue.put_nowait((EngineCoreRequestType.WAKEUP, None))
-
-    kill = terminate
-
-    def close(self) -> None:
-        pass
 
     def _run(self) -> None:
         from vllm.transformers_utils.config import maybe_register_config_serialize_by_value
@@ -198,11 +192,7 @@ def apply() -> None:
     (idempotent; see above)."""
     if not envs.serve_defaults():
         return
-    utils = sys.modules.get(UTILS_MODULE)
-    if utils is None:
-        import importlib
-
-        utils = importlib.import_module(UTILS_MODULE)
+    utils = importlib.import_module(UTILS_MODULE)  # already imported in a server
     original = getattr(utils, "get_mp_context", None)
     if original is None or getattr(original, MARK, False):
         return
