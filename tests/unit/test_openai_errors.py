@@ -328,3 +328,62 @@ def test_a_dead_engine_makes_the_server_exit_1(monkeypatch):
         asyncio.run(run_server_worker(_Engine(), dies=True))
     assert e.value.code == 1
     assert served == ["vLLM's shutdown awaited"] * 2
+
+
+def test_an_asked_shutdown_hides_only_the_handlers_engine_dead_record(monkeypatch):
+    """Patch ``no_engine_dead_traceback_on_asked_shutdown`` (engine_death_exit.py): once
+    a shutdown is asked for with the engine alive, vLLM's async_llm logger drops its
+    "output_handler failed" record for an EngineDeadError, and nothing else, until the
+    server is done; before the shutdown, or after an engine that died first, that record
+    is logged."""
+    import asyncio
+    import logging
+
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from vllm_x86.runtime.patches import engine_death_exit as ede
+
+    target = logging.getLogger(ede.ASYNC_LLM_LOGGER)
+    monkeypatch.setattr(target, "filters", [f for f in target.filters
+                                            if not isinstance(f, ede._AskedShutdown)])  # fmt: skip
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(f"{record.getMessage()} {type(record.exc_info[1]).__name__}")
+
+    handler = Keep()
+    target.addHandler(handler)
+    monkeypatch.setattr(target, "disabled", False)
+    try:
+
+        def log(message: str, exc: Exception) -> None:
+            try:
+                raise exc
+            except Exception:
+                target.error(message, exc_info=True)
+
+        def round_of_records() -> list[str]:
+            seen.clear()
+            log(ede.HANDLER_FAILED, EngineDeadError())
+            log(ede.HANDLER_FAILED, ValueError("a real failure"))
+            log("something else", EngineDeadError())
+            return list(seen)
+
+        everything = [f"{ede.HANDLER_FAILED} EngineDeadError",
+                      f"{ede.HANDLER_FAILED} ValueError", "something else EngineDeadError"]  # fmt: skip
+        dead = _Engine()
+        ede.watch(dead)
+        dead.engine_core.resources.engine_dead = True  # died before the shutdown
+        dead.shutdown(timeout=0)
+        assert round_of_records() == everything
+
+        alive = _Engine()
+        note = ede.watch(alive)
+        assert round_of_records() == everything  # no shutdown asked yet
+        alive.shutdown(timeout=0)  # Ctrl-C
+        assert round_of_records() == everything[1:]
+        asyncio.run(ede.exit_after(None, note, alive))  # the server is done: vLLM's again
+        assert round_of_records() == everything
+    finally:
+        target.removeHandler(handler)

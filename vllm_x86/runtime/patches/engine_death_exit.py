@@ -28,10 +28,25 @@ processes import nothing for it.
 
 Upstream change that removes it: vLLM's server exiting non-zero when its engine died.
 It can go when the pinned vLLM does.
+
+The same wrapper does one more thing (ledger record
+``no_engine_dead_traceback_on_asked_shutdown``, ``quiet_output_handler``). On a
+shutdown asked for, ``AsyncLLM.shutdown`` tears the engine client down first and
+cancels its output handler last, from another thread; the client's output task, when
+cancelled, leaves an ``EngineDeadError`` for the handler, and where the event loop runs
+the handler before its own cancellation lands, vLLM logs "AsyncLLM output_handler
+failed." with a traceback after a clean Ctrl-C (1 stop in 8 with the engine as a process,
+1 in 8 as a thread, on the tiny model; exit status 0 all the same). Where the engine was
+alive when the shutdown was asked, the wrapper puts a filter on vLLM's ``async_llm``
+logger, before vLLM's teardown starts, that turns that one record, with that one
+exception, into a debug line, and takes it off after vLLM's last awaitable; every other
+record, and the same record after a real engine death, are vLLM's. Upstream change that removes it: ``AsyncLLM.shutdown`` telling
+its output handler that a shutdown is under way (the handler exits quietly).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from vllm_x86.runtime import envs
@@ -42,6 +57,8 @@ logger = get_logger("patches")
 
 ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 EXIT_STATUS = 1
+ASYNC_LLM_LOGGER = "vllm.v1.engine.async_llm"
+HANDLER_FAILED = "AsyncLLM output_handler failed."
 
 
 def engine_dead(engine_client) -> bool:
@@ -60,16 +77,51 @@ def watch(engine_client) -> dict:
         if not note["shutdown_called"]:
             note["shutdown_called"] = True
             note["dead_before_shutdown"] = engine_dead(engine_client)
+            if not note["dead_before_shutdown"]:
+                quiet_output_handler()
         return original(*args, **kwargs)
 
     engine_client.shutdown = shutdown
     return note
 
 
+class _AskedShutdown(logging.Filter):
+    """Turns vLLM's "output_handler failed" record with an ``EngineDeadError``, once a
+    shutdown was asked for with the engine alive, into a debug line (see above)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.msg == HANDLER_FAILED and isinstance(exc, EngineDeadError):
+            logger.debug(
+                "vllm-x86: the output handler saw the engine client close during an asked "
+                "shutdown (not an engine death)"
+            )
+            return False
+        return True
+
+
+def quiet_output_handler() -> None:
+    """Install the filter on vLLM's ``async_llm`` logger (once)."""
+    target = logging.getLogger(ASYNC_LLM_LOGGER)
+    if not any(isinstance(f, _AskedShutdown) for f in target.filters):
+        target.addFilter(_AskedShutdown())
+
+
+def loud_output_handler() -> None:
+    """Take the filter off again: the server is done, and an engine client this process
+    may build next has its own shutdown to be asked for."""
+    target = logging.getLogger(ASYNC_LLM_LOGGER)
+    for f in [f for f in target.filters if isinstance(f, _AskedShutdown)]:
+        target.removeFilter(f)
+
+
 async def exit_after(shutdown_task, note: dict, engine_client) -> None:
     """vLLM's last awaitable, then ``SystemExit(1)`` if a dead engine stopped the server."""
     if shutdown_task is not None:
         await shutdown_task
+    loud_output_handler()
     died = note["dead_before_shutdown"] if note["shutdown_called"] else engine_dead(engine_client)
     if died:
         logger.error(

@@ -43,6 +43,7 @@ KINDS = {
     "instead of calling it",
     "reimplemented method": "a public method that repeats the installed method's steps, "
     "changed, instead of calling it",
+    "log filter": "a logging.Filter on an installed module's logger that drops one of its records",
     "function mode": "a TorchFunctionMode that intercepts torch calls made by installed code",
     "environment": "environment variables hidden from, or set against a choice of, installed code",
     "platform hook": "a public method of vLLM's platform interface that X86Platform "
@@ -566,6 +567,40 @@ LEDGER: tuple[Patch, ...] = (
             "tests/unit/test_openai_errors.py::test_a_dead_engine_makes_the_server_exit_1",
             "tests/e2e/test_robustness.py::"
             "test_a_killed_model_worker_ends_the_stream_with_an_error_and_the_server_exits",
+        ),
+    ),
+    Patch(
+        name="no_engine_dead_traceback_on_asked_shutdown",
+        kind="log filter",
+        what="in the plugin's servers, once a shutdown is asked for with the engine alive, "
+        "vLLM's async_llm logger drops its 'AsyncLLM output_handler failed.' record when its "
+        "exception is EngineDeadError (a debug line of the plugin's instead)",
+        why="AsyncLLM.shutdown closes the engine client before it cancels its output "
+        "handler; the client's cancelled output task leaves an EngineDeadError the handler "
+        "can read first, and a clean Ctrl-C printed a traceback (about 1 stop in 8 on the "
+        "tiny model, with the engine as a process or as a thread)",
+        symbols=(
+            Symbol("vllm.v1.engine.async_llm:AsyncLLM.shutdown", "self timeout"),
+            Symbol(
+                "vllm.v1.engine.async_llm:AsyncLLM._run_output_handler",
+                "self",
+                contains=('logger.exception("AsyncLLM output_handler failed.")',),
+            ),
+            Symbol(
+                "vllm.v1.engine.core_client:AsyncMPClient._ensure_output_queue_task",
+                "self",
+                contains=("outputs_queue.put_nowait(EngineDeadError())",),
+            ),
+            Symbol("vllm.v1.engine.exceptions:EngineDeadError"),
+        ),
+        site=("vllm_x86.runtime.patches.engine_death_exit:quiet_output_handler",),
+        vllm_file="vllm/v1/engine/async_llm.py; vllm/v1/engine/core_client.py",
+        written_against=_VLLM,
+        removed_by="AsyncLLM.shutdown telling its output handler that a shutdown is under "
+        "way, so that the handler exits quietly",
+        tests=(
+            "tests/unit/test_openai_errors.py::test_an_asked_shutdown_hides_only_the_handlers_engine_dead_record",
+            "tests/e2e/test_engine_thread.py::test_one_process_serves_the_same_text_and_stops",
         ),
     ),
     Patch(
