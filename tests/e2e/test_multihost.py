@@ -38,6 +38,15 @@ from vllm_x86.tools.bench.server import stop_group
 pytestmark = pytest.mark.slow
 
 MAX_LEN = 256
+# The router's failover: a request whose host died is retried with back-off for ~4.6 s
+# (200 ms, x1.5, at most 1 s, 8 tries), longer than the ~2-3 s the health check takes to
+# take the host out (1 s interval, 2 failures), and the host's circuit breaker opens
+# after 3 failed requests. With 4 tries 50 ms apart (0.24 s in all), one request in a
+# CI run had all its tries sent to the dead host while the health check still counted
+# it in, and got the router's 500 (docs/distributed.md gives the same flags).
+ROUTER_FAILOVER = ["--health-check-interval-secs", "1", "--health-failure-threshold", "2",
+                   "--retry-max-retries", "8", "--retry-initial-backoff-ms", "200",
+                   "--retry-max-backoff-ms", "1000", "--cb-failure-threshold", "3"]  # fmt: skip
 MAX_TOKENS = 24
 ROUTER = Path(PYTHON).parent / "vllm-router"  # the entry point: vLLM's router, from PyPI
 PROMPT = "The quick brown fox jumps over the lazy dog. Tell me a story about"
@@ -75,8 +84,7 @@ class Cluster:
             str(ROUTER), "--host", self.a.address, "--port", str(self.router_port),
             "--worker-urls", self.urls["a"], self.urls["b"],
             "--policy", "round_robin",
-            "--health-check-interval-secs", "1", "--health-failure-threshold", "2",
-            "--retry-max-retries", "4", "--retry-initial-backoff-ms", "50",
+            *ROUTER_FAILOVER,
             "--request-timeout-secs", "120", "--log-level", "info",
         ], clean_env())  # fmt: skip
         self._wait_ready(["router"], 120)
