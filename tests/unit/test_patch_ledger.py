@@ -531,6 +531,7 @@ print("FOUND " + json.dumps({"attrs": found, "hooks": hooks}))
         "vllm.entrypoints.serve.middleware.authenticate:AuthenticationMiddleware.__call__",
         "vllm.sampling_params:SamplingParams._validate_structured_outputs",
         "vllm.v1.structured_output:StructuredOutputManager.grammar_bitmask",
+        "vllm.v1.sample.sampler:Sampler.forward",
     }
     hook_sites = {s for r in LEDGER if r.kind == "import hook" for s in r.site}
     assert found["hooks"] and set(found["hooks"]) <= hook_sites

@@ -383,3 +383,65 @@ def test_greedy_sample_takes_the_same_tokens():
     )
     assert "patched: True" in out
     assert "same: 200" in out
+
+
+def test_small_logits_are_sampled_on_the_calling_thread():
+    """Patch ``small_sampling_on_the_calling_thread`` (patches/sampler_threads.py): vLLM's
+    sampler runs with one OpenMP thread for one request's logits (49,152 and 151,936
+    values) and with the model's threads for eight rows, gives the greedy tokens of the
+    float32 logits either way, and leaves the thread count as it was, also after an
+    error; with VLLM_X86_SAMPLER_ONE_THREAD=0, vLLM's forward is untouched."""
+    code = """
+        import os, torch
+        torch.set_num_threads(2)
+        from vllm_x86.runtime import patches
+        patches.apply_all()
+        from vllm.v1.sample.sampler import Sampler
+        from vllm.v1.sample.metadata import SamplingMetadata
+        from vllm.v1.sample.logits_processor import LogitsProcessors
+        from vllm_x86.runtime.patches.ledger import MARK
+        print("patched:", getattr(Sampler.forward, MARK, False))
+        seen, fail = [], []
+        original = Sampler.sample
+        def sample(self, logits, *a, **k):
+            seen.append(torch.get_num_threads())
+            if fail:
+                raise RuntimeError("a failing sampler")
+            return original(self, logits, *a, **k)
+        Sampler.sample = sample
+        def greedy(rows):
+            z = torch.zeros(rows)
+            return SamplingMetadata(
+                temperature=None, all_greedy=True, all_random=False, top_p=None,
+                top_k=None, generators={}, max_num_logprobs=None, no_penalties=True,
+                prompt_token_ids=None, frequency_penalties=z, presence_penalties=z,
+                repetition_penalties=z, output_token_ids=[[] for _ in range(rows)],
+                allowed_token_ids_mask=None, bad_words_token_ids={},
+                logitsprocs=LogitsProcessors())
+        s = Sampler()
+        g = torch.Generator().manual_seed(0)
+        for rows, vocab in ((1, 49152), (1, 151936), (8, 49152)):
+            x = torch.randn(rows, vocab, generator=g).to(torch.bfloat16)
+            got = s(x, greedy(rows)).sampled_token_ids.view(-1).long()
+            want = x.float().max(dim=-1).indices
+            print(f"{rows}x{vocab}: inside {seen[-1]} after {torch.get_num_threads()} "
+                  f"same {torch.equal(got, want)}")
+        fail.append(1)
+        try:
+            s(torch.randn(1, 49152), greedy(1))
+        except RuntimeError as e:
+            print(f"error: {e}; inside {seen[-1]} after {torch.get_num_threads()}")
+        """
+    out = run(code)
+    assert "patched: True" in out
+    assert "1x49152: inside 1 after 2 same True" in out
+    assert "1x151936: inside 1 after 2 same True" in out
+    assert "8x49152: inside 2 after 2 same True" in out
+    assert "error: a failing sampler; inside 1 after 2" in out
+
+    off = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                         text=True, timeout=300,
+                         env={**os.environ, "VLLM_X86_SAMPLER_ONE_THREAD": "0"})  # fmt: skip
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert "patched: False" in off.stdout
+    assert "1x49152: inside 2 after 2 same True" in off.stdout

@@ -191,6 +191,14 @@ SETTINGS: tuple[Setting, ...] = (
         "of every step (tiny model, 2 vCPUs: 0.6 ms less per decode step). 0: vLLM CPU's.",
     ),
     Setting(
+        "VLLM_X86_SAMPLER_ONE_THREAD",
+        "1",
+        "vLLM's sampler on the calling thread alone (OpenMP thread count 1) where the "
+        "step's logits are small (up to 262,144 values: one request's row), so the float32 "
+        "conversion and the greedy token open no OpenMP region that waits for the model's "
+        "other threads. 0: PyTorch's threads.",
+    ),
+    Setting(
         "VLLM_X86_ENGINE_IN_SERVER",
         "0",
         "With VLLM_X86_SERVE_DEFAULTS=1 (`vllm-x86 serve`, the standby daemon), forked "

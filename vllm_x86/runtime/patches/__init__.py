@@ -36,6 +36,8 @@ module each, its docstring the full story:
   suite's worker to itself;
 - ``greedy_argmax``: a greedy token by ``torch.max`` on CPU instead of vLLM CPU's
   one-element-at-a-time ``greedy_argmax`` (same indices, 2.5-3x faster);
+- ``sampler_threads``: the sampler on the calling thread alone for one request's
+  logits (no OpenMP region waiting for the model's other thread);
 - ``step_profile``: timing wrappers for the harness's profiling mode, only with
   VLLM_X86_STEP_PROFILE set (docs/overhead.md).
 
@@ -62,6 +64,7 @@ from vllm_x86.runtime.patches import (
     openai_errors,
     qwen2_vl_torchvision,
     responses_input,
+    sampler_threads,
     step_profile,
     structured_output,
     tied_embedding_gemm,
@@ -87,4 +90,5 @@ def apply_all() -> None:
     structured_output.apply()
     json_budget.apply()  # in the engine core's process: the grammar masks
     greedy_argmax.apply()  # the sampler: in the engine core's (worker's) process
+    sampler_threads.apply()  # the sampler's threads: likewise
     step_profile.apply()  # only with VLLM_X86_STEP_PROFILE set

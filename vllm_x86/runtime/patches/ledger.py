@@ -274,6 +274,30 @@ LEDGER: tuple[Patch, ...] = (
         tests=("tests/unit/test_patches.py::test_greedy_sample_takes_the_same_tokens",),
     ),
     Patch(
+        name="small_sampling_on_the_calling_thread",
+        kind="monkey-patch",
+        what="with VLLM_X86_SAMPLER_ONE_THREAD=1 on CPU, vllm.v1.sample.sampler."
+        "Sampler.forward runs with the calling thread's OpenMP thread count at 1 where the "
+        "logits have at most 262,144 values, and restores it after",
+        why="at one request the sampler's float32 conversion and greedy max over a row of "
+        "logits each open an OpenMP region that waits for the model's other thread, "
+        "asleep or displaced by the API server on a machine whose every core runs a model "
+        "thread: about 0.45 ms of a SmolLM2 decode step for 10 us of work",
+        symbols=(
+            Symbol(
+                "vllm.v1.sample.sampler:Sampler.forward",
+                "self logits sampling_metadata predict_bonus_token logprobs_mode_override",
+                contains=("logits = logits.to(torch.float32)",),
+            ),
+        ),
+        site=("vllm_x86.runtime.patches.sampler_threads",),
+        vllm_file="vllm/v1/sample/sampler.py",
+        written_against=_VLLM,
+        removed_by="PyTorch not opening a parallel region for work this small, or vLLM's "
+        "sampler choosing its threads",
+        tests=("tests/unit/test_patches.py::test_small_logits_are_sampled_on_the_calling_thread",),
+    ),
+    Patch(
         name="fp32_residual_fake",
         kind="replaced function",
         what="the fake (meta) implementation of vLLM IR's fused_add_rms_norm op, which "

@@ -189,6 +189,14 @@ CONTENDERS: dict[str, Contender] = {
             args=("--quantization", "x86_int8"),
         ),
         Contender(
+            "plugin-int8-head-sampler-threads",
+            "plugin-server",
+            "plugin-int8-head with vLLM's sampler on PyTorch's threads for every step, one "
+            "request's logits too (VLLM_X86_SAMPLER_ONE_THREAD=0)",
+            {"VLLM_X86_QUANT_LM_HEAD": "1", "VLLM_X86_SAMPLER_ONE_THREAD": "0"},
+            args=("--quantization", "x86_int8"),
+        ),
+        Contender(
             "plugin-int4-head4-engine-thread",
             "plugin-server",
             "plugin-int4-head4 with vLLM's engine core as a thread of the OpenAI server's "
