@@ -35,13 +35,14 @@ shutdown asked for, ``AsyncLLM.shutdown`` tears the engine client down first and
 cancels its output handler last, from another thread; the client's output task, when
 cancelled, leaves an ``EngineDeadError`` for the handler, and where the event loop runs
 the handler before its own cancellation lands, vLLM logs "AsyncLLM output_handler
-failed." with a traceback after a clean Ctrl-C (1 stop in 8 with the engine as a process,
-1 in 8 as a thread, on the tiny model; exit status 0 all the same). Where the engine was
-alive when the shutdown was asked, the wrapper puts a filter on vLLM's ``async_llm``
-logger, before vLLM's teardown starts, that turns that one record, with that one
-exception, into a debug line, and takes it off after vLLM's last awaitable; every other
-record, and the same record after a real engine death, are vLLM's. Upstream change that removes it: ``AsyncLLM.shutdown`` telling
-its output handler that a shutdown is under way (the handler exits quietly).
+failed." with a traceback after a clean Ctrl-C (2 stops in 8 with the engine as a
+process, 1 in 8 as a thread, on the tiny model; exit status 0 all the same). Where the
+engine was alive when the shutdown was asked, the wrapper puts a filter on vLLM's
+``async_llm`` logger, before vLLM's teardown starts, that turns that one record, with
+that one exception, into a debug line, and takes it off after vLLM's last awaitable;
+every other record, and the same record after a real engine death, are vLLM's.
+Upstream change that removes it: ``AsyncLLM.shutdown`` telling its output handler that
+a shutdown is under way (the handler exits quietly).
 """
 
 from __future__ import annotations
@@ -90,10 +91,11 @@ class _AskedShutdown(logging.Filter):
     shutdown was asked for with the engine alive, into a debug line (see above)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != HANDLER_FAILED or not record.exc_info:
+            return True
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        exc = record.exc_info[1] if record.exc_info else None
-        if record.msg == HANDLER_FAILED and isinstance(exc, EngineDeadError):
+        if isinstance(record.exc_info[1], EngineDeadError):
             logger.debug(
                 "vllm-x86: the output handler saw the engine client close during an asked "
                 "shutdown (not an engine death)"

@@ -601,7 +601,7 @@ LEDGER: tuple[Patch, ...] = (
         "exception is EngineDeadError (a debug line of the plugin's instead)",
         why="AsyncLLM.shutdown closes the engine client before it cancels its output "
         "handler; the client's cancelled output task leaves an EngineDeadError the handler "
-        "can read first, and a clean Ctrl-C printed a traceback (about 1 stop in 8 on the "
+        "can read first, and a clean Ctrl-C printed a traceback (1-2 stops in 8 on the "
         "tiny model, with the engine as a process or as a thread)",
         symbols=(
             Symbol("vllm.v1.engine.async_llm:AsyncLLM.shutdown", "self timeout"),
