@@ -13,12 +13,13 @@ import textwrap
 import pytest
 
 
-def run(code: str) -> str:
+def run(code: str, **env: str) -> str:
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, **env} if env else None,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip()
@@ -439,9 +440,6 @@ def test_small_logits_are_sampled_on_the_calling_thread():
     assert "8x49152: inside 2 after 2 same True" in out
     assert "error: a failing sampler; inside 1 after 2" in out
 
-    off = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                         text=True, timeout=300,
-                         env={**os.environ, "VLLM_X86_SAMPLER_ONE_THREAD": "0"})  # fmt: skip
-    assert off.returncode == 0, off.stderr[-3000:]
-    assert "patched: False" in off.stdout
-    assert "1x49152: inside 2 after 2 same True" in off.stdout
+    off = run(code, VLLM_X86_SAMPLER_ONE_THREAD="0")
+    assert "patched: False" in off
+    assert "1x49152: inside 2 after 2 same True" in off
