@@ -89,11 +89,12 @@ from vllm.platforms import current_platform
 ids, new, mark, engines = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 out = {}
 base = dict(os.environ)
-for key, model, env, eager, quant, dtype in json.loads(engines):
+for key, model, env, eager, quant, dtype, more in json.loads(engines):
     os.environ.clear()
     os.environ.update({**base, **env})
     print(mark + key, flush=True)
     kw = {"quantization": quant} if quant else {}
+    kw.update(more)
     llm = LLM(model, dtype=dtype, enforce_eager=eager, max_model_len=1024, seed=0, **kw)
     sp = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
     with torch.profiler.profile() as prof:
@@ -112,8 +113,12 @@ def run_engines(engines: list, prompts=None) -> dict:
     """{key: {"token_ids", "calls" ({"decode_layer": runs, "decode_stack": runs}), "platform",
     "log"}}
     for engines given as (key, model, settings, eager, quantization: "x86_int4", "x86_int8"
-    or None for none or the checkpoint's own[, dtype: bfloat16]); `prompts`: TWO_PROMPTS."""
-    specs = [[k, str(m), e, eager, q, *(d or ["bfloat16"])] for k, m, e, eager, q, *d in engines]
+    or None for none or the checkpoint's own[, dtype: bfloat16[, more LLM arguments]]);
+    `prompts`: TWO_PROMPTS."""
+    specs = [
+        [k, str(m), e, eager, q, *(list(d) + ["bfloat16", {}][len(d) :])]
+        for k, m, e, eager, q, *d in engines
+    ]
     got = results.run(
         [PYTHON, "-c", _ENGINES_RUN, json.dumps(prompts or TWO_PROMPTS), str(NEW_TOKENS), MARK,
          json.dumps(specs)],
@@ -202,6 +207,36 @@ def test_fused_decode_layer_gives_the_same_tokens(tiny):
     assert [len(t) for t in compiled["token_ids"]] == [NEW_TOKENS, NEW_TOKENS]
     assert [t[0] for t in compiled["token_ids"]] == [t[0] for t in graph_only["token_ids"]]
     assert layer_steps(compiled, 4) >= 4 * (NEW_TOKENS - 1) and not graph_only["calls"]
+
+
+def test_speculative_draft_model_takes_the_fused_decode_call(tiny):
+    """A draft model for speculative decoding (vLLM loads it inside its runner's
+    load_model) gets the op table's module rows as the model it drafts for: the log says
+    so for the draft's 4 layers too, and its one-token draft steps run decode_stack (the
+    target's verification steps of 3 tokens a request do not: without the draft's rows no
+    step would). The greedy tokens are those of the same engine without speculation (the
+    tiny model drafts for itself; one request, so the verification's 3 rows keep 16-bit
+    activations like a decode step)."""
+    spec = {
+        "speculative_config": {
+            "method": "draft_model",
+            "model": str(tiny),
+            "num_speculative_tokens": 2,
+            "quantization": Q4,
+        }
+    }
+    r = run_engines(
+        [("spec", tiny, ON, True, Q4, "bfloat16", spec), ("plain", tiny, ON, True, Q4)],
+        prompts=PROMPTS,
+    )
+    log = r["spec"]["log"]
+    assert "vllm-x86: the speculative draft model (LlamaForCausalLM):" in log, log[-3000:]
+    draft_part = log[log.index("the speculative draft model") :]
+    assert "4 LlamaDecoderLayer modules use the fused kernel" in draft_part
+    assert "4 Attention use the plugin's code" in draft_part
+    assert r["spec"]["calls"].get("decode_stack", 0) > 0, r["spec"]["calls"]
+    assert [len(t) for t in r["spec"]["token_ids"]] == [NEW_TOKENS]
+    assert r["spec"]["token_ids"] == r["plain"]["token_ids"]
 
 
 def test_fused_decode_layer_qwen3_and_mistral(default_model, tmp_path):

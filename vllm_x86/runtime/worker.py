@@ -114,11 +114,20 @@ class X86Worker(CPUWorker):
         logger.info("model weights loaded in %.2f s", time.perf_counter() - t0)
         from vllm.config import set_current_vllm_config
 
+        draft = _draft_model(self.model_runner)
         with set_current_vllm_config(self.vllm_config):
             registry.apply_module_overrides(self.model_runner.get_model())
+            if draft is not None:
+                # vLLM loads a speculative draft model inside the runner's load_model:
+                # it gets the same module rows (fused decode layers, the plugin's
+                # attention) as the model it drafts for
+                logger.info("vllm-x86: the speculative draft model (%s):", type(draft).__name__)
+                registry.apply_module_overrides(draft)
         from vllm_x86.runtime.quant.lm_head import release_unshared_weights
 
         release_unshared_weights(self.model_runner.get_model())
+        if draft is not None:
+            release_unshared_weights(draft)
         from vllm_x86.runtime.ops import file_embedding
 
         file_embedding.attach(self.model_runner.get_model(), self.vllm_config)
@@ -217,6 +226,19 @@ class X86Worker(CPUWorker):
             mem.source,
         )
         return kv
+
+
+def _draft_model(model_runner):
+    """The speculative draft model vLLM's runner loaded beside the model (a draft model's
+    proposer keeps it as ``drafter.model``), or None: no speculation, n-gram lookup
+    (no model), or a proposer whose model is the target's own layers (MTP, EAGLE)."""
+    import torch
+
+    drafter = getattr(model_runner, "drafter", None)
+    model = getattr(drafter, "model", None)
+    if not isinstance(model, torch.nn.Module) or model is model_runner.get_model():
+        return None
+    return model
 
 
 def _keep_threads_after_ngram(vllm_config, threads: int) -> None:
