@@ -4,6 +4,8 @@
     python -m vllm_x86.tools.bench.speculative --model qwen2.5-coder-0.5b-instruct-q4_k_m \\
         --concurrency 1,4 --rounds 2
     python -m vllm_x86.tools.bench.speculative --draft random:tiny-llama-2l   # draft model
+    python -m vllm_x86.tools.bench.speculative --model qwen2.5-coder-1.5b-instruct-q4_k_m \
+        --contender plugin-int4-head --draft qwen2.5-coder-0.5b-instruct-q4_k_m
     python -m vllm_x86.tools.bench.speculative --stock              # stock vLLM CPU
 
 What it does (docs/speculative.md):
@@ -11,9 +13,11 @@ What it does (docs/speculative.md):
 1. starts two servers of the same model with the same flags, one after the other, and
    keeps both up: ``off`` (no speculation) and ``on`` (``--speculative-config``: n-gram
    prompt lookup by default, or ``--draft MODEL``). Plugin servers are
-   ``vllm-x86 serve MODEL --no-daemon`` (contenders.py's ``plugin``), ``--stock`` runs
-   vLLM CPU's own server with VLLM_X86_DISABLE=1 (``stock``); server.server_command
-   builds both command lines;
+   ``vllm-x86 serve MODEL --no-daemon`` (contenders.py's ``plugin``, or the server
+   contender ``--contender`` names, with its flags and settings: ``plugin-int4-head``
+   quantizes to INT4 while loading, and a draft model gets the same ``quantization``),
+   ``--stock`` runs vLLM CPU's own server with VLLM_X86_DISABLE=1 (``stock``);
+   server.server_command builds both command lines;
 2. a short warm-up on each: every workload at every concurrency, 16 tokens;
 3. ``--rounds`` rounds; in each, for each workload and concurrency C, both servers in
    turn, the order alternating from one batch to the next (off on, on off, ...), so
@@ -58,7 +62,7 @@ from pathlib import Path
 
 import httpx
 
-from vllm_x86.tools.bench.contenders import CONTENDERS, BenchError, contender_env
+from vllm_x86.tools.bench.contenders import CONTENDERS, BenchError, Contender, contender_env
 from vllm_x86.tools.bench.server import SERVED_NAME, server_command, stop_group
 from vllm_x86.tools.cli.speculative import NGRAM_DEFAULTS  # as `serve --speculative ngram`
 from vllm_x86.tools.ports import free_port
@@ -317,7 +321,7 @@ def _f(v, fmt: str) -> str:
 
 def render(rows: list[dict], meta: dict) -> str:
     lines = [
-        f"{meta['model']} · {meta['server']} · {meta['mode']} · speculation: "
+        f"{meta['model']} · {meta['server']} ({meta.get('contender', 'plugin')}) · {meta['mode']} · speculation: "
         f"`{meta['speculative_config']}` · max_tokens {meta['max_tokens']} · "
         f"load average {meta['load1_min']:.1f}–{meta['load1_max']:.1f}",
         "",
@@ -374,22 +378,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=160, help="default: 160")
     p.add_argument("--mode", choices=("eager", "compiled"), default="eager")
     p.add_argument("--stock", action="store_true", help="stock vLLM CPU (VLLM_X86_DISABLE=1)")
+    p.add_argument(
+        "--contender",
+        default=None,
+        help="the harness's server contender both servers run as (its flags and "
+        "settings, e.g. plugin-int4-head); a draft model gets its --quantization "
+        "(default: plugin, or stock with --stock)",
+    )
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--timeout", type=float, default=900.0, help="per start and per batch (s)")
     p.add_argument("--out", default="out/speculative", help="default: %(default)s")
     return p
 
 
-def on_config(ns: argparse.Namespace) -> str:
+def base_contender(ns: argparse.Namespace) -> Contender:
+    """The server contender both servers run as: ``--contender``, else plugin or stock."""
+    name = ns.contender or ("stock" if ns.stock else "plugin")
+    c = CONTENDERS.get(name)
+    if c is None or not c.is_server:
+        servers = ", ".join(n for n, x in CONTENDERS.items() if x.is_server)
+        raise BenchError(f"'{name}' is not a server contender: use one of {servers}")
+    if ns.stock and c.kind != "vllm-server":
+        raise BenchError(f"--stock runs stock vLLM's server; '{name}' is a plugin contender")
+    return c
+
+
+def on_config(ns: argparse.Namespace, base: Contender | None = None) -> str:
     if ns.speculative_config:
         return ns.speculative_config
     if ns.draft:
         from vllm_x86.tools.bench.harness import resolve_model
 
         path, _, _ = resolve_model(ns.draft)
-        return json.dumps(
-            {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3}
-        )
+        spec = {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3}
+        # vLLM loads a draft model unquantized unless its config says otherwise: the
+        # draft gets the same on-the-fly quantization as the model it drafts for.
+        quant = base.quantization if base is not None else None
+        if quant:
+            spec["quantization"] = quant
+        return json.dumps(spec)
     return json.dumps({"method": "ngram", **NGRAM_DEFAULTS})
 
 
@@ -401,10 +428,10 @@ def run(ns: argparse.Namespace) -> dict:
         if w not in WORKLOADS:
             raise BenchError(f"unknown workload '{w}': use {', '.join(WORKLOADS)}")
     model_dir, label, _ = resolve_model(ns.model)
-    spec = on_config(ns)
+    base = base_contender(ns)
+    spec = on_config(ns, base)
     run_dir = Path(ns.out) / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
-    base = CONTENDERS["stock" if ns.stock else "plugin"]
     servers: dict[str, Server] = {}
     try:
         for name, extra in (("off", ()), ("on", ("--speculative-config", spec))):
@@ -447,7 +474,8 @@ def run(ns: argparse.Namespace) -> dict:
     loads = [x for s in samples for x in s["load1"]]
     meta = {
         "model": label,
-        "server": "stock vLLM CPU" if ns.stock else "vllm-x86 serve",
+        "server": "stock vLLM CPU" if base.kind == "vllm-server" else "vllm-x86 serve",
+        "contender": base.name,
         "mode": ns.mode,
         "speculative_config": spec,
         "max_tokens": ns.max_tokens,
