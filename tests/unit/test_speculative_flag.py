@@ -134,3 +134,41 @@ def test_ngram_proposer_numba_leaves_the_model_its_threads():
 
     assert threads("plain") == 1  # the behaviour the fix exists for
     assert threads("fix") == 2
+
+
+def _model_dir(path):
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    return path
+
+
+def test_draft_model_is_quantized_as_the_served_model(tmp_path):
+    draft = _model_dir(tmp_path / "Draft-0.5B")  # a directory, its case kept
+    argv, note = speculative_args(
+        ["--quantization", "x86_int4", "--speculative", f"draft:{draft}"], None
+    )
+    assert argv[:2] == ["--quantization", "x86_int4"]
+    assert _config(argv) == {
+        "method": "draft_model",
+        "model": str(draft),
+        "num_speculative_tokens": 3,
+        "quantization": "x86_int4",
+    }
+    assert f"speculative decoding on (--speculative draft:{draft})" in note
+    assert "quantized as the model (x86_int4)" in note
+    # the setting takes the same, and an unquantized model gets an unquantized draft
+    argv, note = speculative_args([], f"draft:{draft}")
+    assert "quantization" not in _config(argv) and "(VLLM_X86_SPECULATIVE draft:" in note
+    # the user's own vLLM flag wins
+    own = ["--speculative-config", '{"method": "ngram"}']
+    argv, note = speculative_args(["--speculative", f"draft:{draft}", *own], None)
+    assert argv == own and "is ignored: your vLLM flag wins" in note
+
+
+def test_a_draft_that_is_not_there_fails_with_a_sentence(tmp_path):
+    with pytest.raises(CliError, match="names no draft model: give one after 'draft:'"):
+        speculative_args(["--speculative", "draft:"], None)
+    with pytest.raises(CliError, match=r"^--speculative draft:nope-model: unknown model"):
+        speculative_args(["--speculative", "draft:nope-model"], None)
+    with pytest.raises(CliError, match="is a directory but not a model"):
+        speculative_args(["--speculative", f"draft:{tmp_path}"], None)

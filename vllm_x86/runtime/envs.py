@@ -288,8 +288,10 @@ SETTINGS: tuple[Setting, ...] = (
         "off",
         "`vllm-x86 serve` without --speculative: 'ngram' turns on vLLM's n-gram "
         "(prompt-lookup) speculative decoding with the plugin's CPU defaults "
-        "(tools/cli/speculative.py), 'off' leaves it off. The flag wins over it, and "
-        "vLLM's own --speculative-config wins over both.",
+        "(tools/cli/speculative.py), 'draft:MODEL' drafts with a smaller model of the "
+        "same tokenizer (a catalog name, directory or cached hub id), quantized as the "
+        "served model, 'off' leaves it off. The flag wins over it, and vLLM's own "
+        "--speculative-config wins over both.",
     ),
     Setting(
         "VLLM_X86_DAEMON_DIR",

@@ -453,9 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--speculative",
-        choices=("off", "ngram"),
+        metavar="{off,ngram,draft:MODEL}",
         help="ngram: vLLM's n-gram (prompt-lookup) speculative decoding with CPU defaults, "
-        "faster where answers copy the prompt (editing code); default: off, or "
+        "faster where answers copy the prompt (editing code); draft:MODEL: a smaller model "
+        "of the same tokenizer drafts, quantized as the served model; default: off, or "
         "VLLM_X86_SPECULATIVE; vLLM's own --speculative-config wins (docs/speculative.md)",
     )
     s.add_argument(
