@@ -97,6 +97,33 @@ def test_compile_ahead_does_nothing_when_already_compiled(tmp_path, cache, monke
     assert "already compiled for this machine" in capfd.readouterr().err
 
 
+def test_a_second_compile_waits_for_the_first_and_loads_it(tmp_path, cache, monkeypatch, capfd):
+    """While another process holds the model's compile lock, compile_ahead waits, then
+    finds what that run compiled and starts no server of its own."""
+    import fcntl
+    import threading
+
+    model = tmp_path / "m"
+    model.mkdir()
+    monkeypatch.setattr(ca.subprocess, "Popen", lambda *a, **k: pytest.fail("started a server"))
+    other = open(model / ca.LOCK, "a")  # the other run's lock (another open file: flock
+    fcntl.flock(other, fcntl.LOCK_EX)  # excludes it as it would another process)
+    got = {}
+    t = threading.Thread(target=lambda: got.update(d=ca.compile_ahead("some-model", model)))
+    t.start()
+    t.join(timeout=1.0)
+    assert t.is_alive(), "it did not wait for the lock"
+    d = _artifact(cache)  # what the other run compiled and recorded
+    _mark(model, cache)
+    fcntl.flock(other, fcntl.LOCK_UN)
+    other.close()
+    t.join(timeout=10)
+    assert not t.is_alive() and got["d"] == d
+    err = capfd.readouterr().err
+    assert "another process is compiling some-model; waiting for it to finish" in err
+    assert "compiled meanwhile by the other run" in err
+
+
 def test_compile_run_that_dies_is_a_sentence(tmp_path, cache, monkeypatch):
     """A server that exits before it is ready: CompileAheadError naming the log and
     saying the first serve compiles in the background."""

@@ -22,10 +22,14 @@ A marker in the model directory (``MARKER``) names the artifact the run produced
 loaded; the next pull checks that it is still in the cache (same plugin, vLLM, torch
 and CPU: ``compile_cache.cache_root``), has its manifest, and was made by the same
 runtime code (``runtime_fingerprint``), and compiles again only when one of them fails.
+Two runs for the same model directory at once take turns (an flock on ``LOCK``): the
+second waits and then loads what the first compiled.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -41,6 +45,7 @@ from pathlib import Path
 from vllm_x86.runtime import diskfaults
 
 MARKER = ".vllm-x86-compiled.json"
+LOCK = ".vllm-x86-compile.lock"  # held while a compile of the directory's model runs
 AOT_SUBDIR = "torch_compile_cache/torch_aot_compile"
 MANIFEST = "vllm-x86-manifest.json"
 # vLLM's log lines naming the artifact it loaded or wrote (a run can rewrite an entry
@@ -176,6 +181,36 @@ def compile_ahead(
     if found is not None:
         _say(f"already compiled for this machine ({found.name[:12]}…)")
         return found
+    with _compile_lock(model, Path(model_dir)):
+        found = compiled_artifact(model_dir)  # compiled by the run this one waited for
+        if found is not None:
+            _say(f"compiled meanwhile by the other run ({found.name[:12]}…)")
+            return found
+        return _compile(model, Path(model_dir), serve_args, timeout)
+
+
+@contextlib.contextmanager
+def _compile_lock(model: str, model_dir: Path):
+    """One compile of a model at a time: a second `pull` or `demo` of the same model (two
+    terminals, two test workers) waits for the first one's compile and then loads it,
+    instead of compiling it again beside it on the same cores. An flock on LOCK in the
+    model directory, released when the process ends however it ends; a directory this
+    process cannot write to is compiled without it."""
+    try:
+        f = open(model_dir / LOCK, "a")
+    except OSError:
+        yield
+        return
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(f"another process is compiling {model}; waiting for it to finish")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _compile(model: str, model_dir: Path, serve_args: tuple[str, ...], timeout: float):
     from vllm_x86.tools.ports import free_port
 
     root = _cache_root()
