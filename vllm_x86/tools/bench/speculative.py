@@ -64,7 +64,7 @@ import httpx
 
 from vllm_x86.tools.bench.contenders import CONTENDERS, BenchError, Contender, contender_env
 from vllm_x86.tools.bench.server import SERVED_NAME, server_command, stop_group
-from vllm_x86.tools.cli.speculative import NGRAM_DEFAULTS  # as `serve --speculative ngram`
+from vllm_x86.tools.cli.speculative import NGRAM_DEFAULTS, draft_config  # as `serve` builds them
 from vllm_x86.tools.ports import free_port
 
 _CODE = [
@@ -321,7 +321,8 @@ def _f(v, fmt: str) -> str:
 
 def render(rows: list[dict], meta: dict) -> str:
     lines = [
-        f"{meta['model']} · {meta['server']} ({meta.get('contender', 'plugin')}) · {meta['mode']} · speculation: "
+        f"{meta['model']} · {meta['server']} ({meta.get('contender', 'plugin')}) · "
+        f"{meta['mode']} · speculation: "
         f"`{meta['speculative_config']}` · max_tokens {meta['max_tokens']} · "
         f"load average {meta['load1_min']:.1f}–{meta['load1_max']:.1f}",
         "",
@@ -410,13 +411,9 @@ def on_config(ns: argparse.Namespace, base: Contender | None = None) -> str:
         from vllm_x86.tools.bench.harness import resolve_model
 
         path, _, _ = resolve_model(ns.draft)
-        spec = {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3}
-        # vLLM loads a draft model unquantized unless its config says otherwise: the
-        # draft gets the same on-the-fly quantization as the model it drafts for.
+        # as `serve --speculative draft:`: quantized as the model it drafts for
         quant = base.quantization if base is not None else None
-        if quant:
-            spec["quantization"] = quant
-        return json.dumps(spec)
+        return json.dumps(draft_config(str(path), quant))
     return json.dumps({"method": "ngram", **NGRAM_DEFAULTS})
 
 

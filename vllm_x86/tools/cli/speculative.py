@@ -7,8 +7,9 @@ defaults in NGRAM_DEFAULTS. ``--speculative draft:MODEL`` drafts with a smaller 
 that shares the model's tokenizer (a catalog name, pulled if needed, a directory or a
 hub id in the local cache, as ``serve`` takes its model), DRAFT_TOKENS tokens at a time,
 quantized as the served model is (vLLM loads a draft unquantized unless its config says
-otherwise, which on a CPU makes an INT4 model's draft read 4x the bytes). ``VLLM_X86_SPECULATIVE`` (runtime/envs.py) gives the same
-choice for servers started without the flag; the flag wins over it, and a user's own
+otherwise, which on a CPU makes an INT4 model's draft read 4x the bytes).
+``VLLM_X86_SPECULATIVE`` (runtime/envs.py) gives the same choice for servers started
+without the flag; the flag wins over it, and a user's own
 vLLM flags for speculation (``--speculative-config``/``-sc``, ``--spec-method``,
 ``--spec-model``, ``--spec-tokens``) win over both. The default is off: it measured
 faster only where answers copy the prompt (editing code), which a server cannot know
@@ -99,6 +100,15 @@ def speculative_args(passthrough: list[str], env_value: str | None) -> tuple[lis
     )
 
 
+def draft_config(path: str, quantization: str | None) -> dict:
+    """vLLM's speculative config for the draft model at `path`, DRAFT_TOKENS a step, with
+    the served model's on-the-fly `quantization` (None: unquantized, as the model)."""
+    cfg: dict = {"method": "draft_model", "model": path, "num_speculative_tokens": DRAFT_TOKENS}
+    if quantization:
+        cfg["quantization"] = quantization
+    return cfg
+
+
 def _draft_args(rest: list[str], draft: str, source: str) -> tuple[list[str], str]:
     """vLLM's draft-model config for ``draft:MODEL``, quantized as the served model."""
     from vllm_x86.tools.cli.common import resolve_serve_model
@@ -108,9 +118,7 @@ def _draft_args(rest: list[str], draft: str, source: str) -> tuple[list[str], st
     except CliError as e:
         raise CliError(f"{source} draft:{draft}: {e}") from None
     quant = _flag_value(rest, "--quantization") or _flag_value(rest, "-q")
-    cfg: dict = {"method": "draft_model", "model": path, "num_speculative_tokens": DRAFT_TOKENS}
-    if quant:
-        cfg["quantization"] = quant
+    cfg = draft_config(path, quant)
     how = f"quantized as the model ({quant})" if quant else "unquantized, as the model"
     return rest + ["--speculative-config", json.dumps(cfg, separators=(",", ":"))], (
         f"vllm-x86: speculative decoding on ({source} draft:{draft}): the draft model "
