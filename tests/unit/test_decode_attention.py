@@ -177,6 +177,43 @@ def test_a_padded_slot_writes_nothing(isa):
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("history", [3, 300], ids=["one-thread", "threads"])
+def test_rows_of_one_sequence_read_the_rows_before_them(isa, history):
+    """A speculative step's verification: several rows of one sequence, each with its own
+    length and a copy of the sequence's block-table row, beside a one-row sequence. Each
+    row attends to the keys and values of the rows before it, written in the same call:
+    with 300 tokens of history the call is split across threads, so a row on the second
+    thread must not read the slots of rows the first has not reached. The new rows' slots
+    hold a stale value of 100 until written."""
+    dtype, hd, bs, kvh, g = torch.bfloat16, 64, 32, 2, 4
+    cache, table, _, _, _, _, _ = _step("vec", dtype, hd, bs, kvh, g, [history + 5, 40])
+    rows = 4  # the verified token and 3 drafts
+    lens = [history + 1 + i for i in range(rows)] + [40]
+    seq_of_row = [0] * rows + [1]
+    row_table = table[seq_of_row].contiguous()
+    slot = torch.tensor(
+        [int(row_table[r, (L - 1) // bs]) * bs + (L - 1) % bs for r, L in enumerate(lens)],
+        dtype=torch.int64,
+    )
+    koff, voff = reference.kv_cache_offsets(0, bs, hd)
+    flat = cache.view(cache.shape[0], kvh, -1)
+    for s in slot.tolist():
+        flat[s // bs, :, koff[s % bs]] = 100.0
+        flat[s // bs, :, voff[s % bs]] = 100.0
+    gen = torch.Generator().manual_seed(7)
+    qkv = torch.randn(len(lens), (kvh * g + 2 * kvh) * hd, generator=gen).to(dtype)
+    q, k, v = qkv.split([kvh * g * hd, kvh * hd, kvh * hd], dim=1)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    ours_cache, ref_cache = cache.clone(), cache.clone()
+    ours, ref = torch.full_like(q, float("nan")), torch.empty_like(q)
+    torch.ops.vllm_x86.decode_attention(
+        ours, q, k, v, ours_cache, slot, row_table, seq_lens, hd**-0.5, 0
+    )
+    reference.decode_attention(ref, q, k, v, ref_cache, slot, row_table, seq_lens, hd**-0.5, 0)
+    assert torch.equal(ours_cache, ref_cache)
+    torch.testing.assert_close(ours.float(), ref.float(), atol=ATOL[dtype], rtol=0)
+
+
 def test_bad_arguments_are_refused_with_a_sentence():
     cache, table, seq_lens, slot, q, k, v = _step("vec", torch.float32, 64, 32, 2, 2, [40])
     out = torch.empty_like(q)

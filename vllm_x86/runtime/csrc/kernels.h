@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "kv_layout.h"
+
 namespace vllm_x86 {
 
 // Element types the kernels handle.
@@ -53,7 +55,7 @@ struct KernelTable {
   void (*fused_add_rms_norm_f32res)(int dt, void* x, int64_t xs, float* res, int64_t rs,
                                     const void* w, int64_t hidden, float eps,
                                     int64_t r_begin, int64_t r_end);
-  // Decode attention of vLLM CPU's paged KV cache, one query token per sequence, for
+  // Decode attention of vLLM CPU's paged KV cache, one query token per row, for
   // items [i_begin, i_end) (item = sequence * kvh + KV head): writes the token's key and
   // value into their slot, then out = softmax(scale * q K^T) V in float32 for the G
   // query heads of the KV head. layout: 0 vLLM's "vec"/"vec16", 1 its "amx" (bfloat16,

@@ -614,20 +614,7 @@ void split_norm_rope_neox_tokens(void* q_out_, void* k_out_, void* v_out_, const
 }
 
 // ---------------------------------------------------------------- decode attention
-// vLLM CPU's paged KV cache, as its cpu_attn_reshape_and_cache writes it: one (block, KV
-// head) holds bs keys, then bs values, of hd elements each (2 * bs * hd in all), laid
-// out by the layout vLLM chose for the layer (its attention ISA):
-//   0 ("vec", "vec16"): key (t, d) at d * bs + t (transposed), value at t * hd + d;
-//   1 ("amx", bfloat16): key at (t / 16) * 16 * hd + (d / 2) * 32 + (t % 16) * 2 + d % 2
-//     (pairs of dimensions, 16 tokens a tile), value at (d / 16) * bs * 16 + (t / 2) * 32
-//     + (d % 16) * 2 + t % 2 (pairs of tokens, 16 dimensions a tile).
-// tests/unit/test_decode_attention.py checks both against vLLM's own writes.
-inline int64_t kv_key_at(int layout, int64_t bs, int64_t hd, int64_t t, int64_t d) {
-  return layout == 0 ? d * bs + t : (t / 16) * 16 * hd + (d / 2) * 32 + (t % 16) * 2 + d % 2;
-}
-inline int64_t kv_value_at(int layout, int64_t bs, int64_t hd, int64_t t, int64_t d) {
-  return bs * hd + (layout == 0 ? t * hd + d : (d / 16) * bs * 16 + (t / 2) * 32 + (d % 16) * 2 + t % 2);
-}
+// vLLM CPU's paged KV cache layouts: kv_layout.h.
 
 // Scores of GN query heads (q scaled, float32, hd apart) against the n tokens of one
 // (block, KV head) at kb: sc[g * L + t] for t < n. Accumulators stay in registers.
@@ -697,10 +684,11 @@ inline void decode_values(const typename E::T* vb, int64_t hd, int64_t n, const 
   for (int c = 0; c < CN; ++c) o[c] = v_add(a[c], b[c]);
 }
 
-// Decode attention for items [ib, ie) (item = sequence * kvh + KV head; one query token
-// per sequence): the token's key and value into their cache slot (as
-// cpu_attn_reshape_and_cache), then for each of the G query heads of the KV head
-// out = softmax(scale * q K^T) V over the sequence's seq_len tokens, in float32, the
+// Decode attention for items [ib, ie) (item = row * kvh + KV head; one query token per
+// row): the token's key and value into their cache slot (as cpu_attn_reshape_and_cache;
+// none for a negative slot: ops.cpp writes them first where rows of one sequence run on
+// several threads), then for each of the G query heads of the KV head
+// out = softmax(scale * q K^T) V over the row's seq_len tokens, in float32, the
 // output rounded once. scratch: G * (hd + max seq_len) floats.
 template <class E>
 void decode_attention_items(int layout, const void* q_, int64_t qs, const void* k_, int64_t ks,

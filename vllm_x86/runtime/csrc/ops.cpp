@@ -386,6 +386,42 @@ namespace {
 constexpr int64_t kDecodeAttentionSerialWork = 1 << 18;
 }  // namespace
 
+namespace {
+// Each row's key and value (rows [0, n)) into its cache slot (a negative slot: none), as
+// the decode attention kernel writes them (kv_layout.h). Element-wise copies: the dtype
+// is checked to be the cache's, so 2 or 4 bytes move unchanged.
+template <class U>
+void write_kv_rows_as(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
+                      const int64_t* slots, int64_t n, int64_t layout) {
+  const int64_t kvh = kv_cache.size(1), bs = kv_cache.size(2), hd = kv_cache.size(3) / 2;
+  U* cache = static_cast<U*>(kv_cache.data_ptr());
+  const U* k = static_cast<const U*>(key.data_ptr());
+  const U* v = static_cast<const U*>(value.data_ptr());
+  const int lay = static_cast<int>(layout);
+  for (int64_t s = 0; s < n; ++s) {
+    if (slots[s] < 0) continue;
+    const int64_t t = slots[s] % bs;
+    for (int64_t h = 0; h < kvh; ++h) {
+      U* base = cache + ((slots[s] / bs) * kvh + h) * 2 * bs * hd;
+      const U* kr = k + s * key.stride(0) + h * hd;
+      const U* vr = v + s * value.stride(0) + h * hd;
+      for (int64_t d = 0; d < hd; ++d) {
+        base[kv_key_at(lay, bs, hd, t, d)] = kr[d];
+        base[kv_value_at(lay, bs, hd, t, d)] = vr[d];
+      }
+    }
+  }
+}
+
+void write_kv_rows(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
+                   const int64_t* slots, int64_t n, int64_t layout) {
+  if (kv_cache.element_size() == 4)
+    write_kv_rows_as<uint32_t>(kv_cache, key, value, slots, n, layout);
+  else
+    write_kv_rows_as<uint16_t>(kv_cache, key, value, slots, n, layout);
+}
+}  // namespace
+
 void decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key,
                       const at::Tensor& value, at::Tensor& kv_cache,
                       const at::Tensor& slot_mapping, const at::Tensor& block_table,
@@ -415,7 +451,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor
               "seq_lens must be contiguous int32");
   const int64_t n = seq_lens.size(0);
   TORCH_CHECK(query.size(0) >= n && key.size(0) >= n && value.size(0) >= n, op,
-              "one query token per sequence: query, key and value need seq_lens' ", n,
+              "one query token per row: query, key and value need seq_lens' ", n,
               " rows");
   TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.is_contiguous() &&
                   slot_mapping.scalar_type() == at::kLong && slot_mapping.size(0) >= n, op,
@@ -449,13 +485,25 @@ void decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor
   void *cache = kv_cache.data_ptr(), *o = out.data_ptr();
   const int32_t* bt = block_table.data_ptr<int32_t>();
   const float sc = static_cast<float>(scale);
+  const bool serial = items == 1 || work < kDecodeAttentionSerialWork;
+  // Rows may share a sequence (the tokens of a speculative step's verification, each
+  // with its own length and a copy of its sequence's block-table row): a row reads the
+  // keys and values that the rows before it write. On one thread the rows run in order;
+  // across threads, every row's key and value are written first (as the kernel writes
+  // them) and the kernel is given no slots.
+  std::vector<int64_t> no_slots;
+  if (!serial && n > 1) {
+    write_kv_rows(kv_cache, key, value, slots, n, layout);
+    no_slots.assign(n, -1);
+    slots = no_slots.data();
+  }
   auto run = [&](int64_t b, int64_t e) {
     k.decode_attention(dt, static_cast<int>(layout), q, query.stride(0), kp, key.stride(0), vp,
                        value.stride(0), cache, kvh * 2 * bs * hd, static_cast<int>(kvh), bs, hd,
                        G, slots, bt, block_table.stride(0), lens, sc, o, out.stride(0), b, e,
                        scratch_for(scratch));
   };
-  if (items == 1 || work < kDecodeAttentionSerialWork)
+  if (serial)
     run(0, items);
   else
     at::parallel_for(0, items, 1, run);

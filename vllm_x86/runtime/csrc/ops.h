@@ -38,10 +38,11 @@ void split_norm_rope_neox(at::Tensor& q_out, at::Tensor& k_out, at::Tensor& v_ou
                           const at::Tensor& q_weight, const at::Tensor& k_weight,
                           const at::Tensor& cos_sin_cache, int64_t num_heads,
                           int64_t num_kv_heads, int64_t head_size, double epsilon);
-// vLLM CPU's decode attention (one query token per sequence) in one call: each
-// sequence's key and value into its slot of the paged KV cache, as
-// _C.cpu_attn_reshape_and_cache writes them (layout 0: its "vec"/"vec16" ISA, 1: "amx"),
-// then out = softmax(scale * q K^T) V over the sequence's seq_lens tokens (float32).
+// vLLM CPU's decode attention (one query token per row) in one call: each row's key and
+// value into its slot of the paged KV cache, as _C.cpu_attn_reshape_and_cache writes
+// them (layout 0: its "vec"/"vec16" ISA, 1: "amx"), then out = softmax(scale * q K^T) V
+// over the row's seq_lens tokens (float32). Rows may share a sequence (a speculative
+// step's tokens, each with its own length): a row reads what the rows before it wrote.
 void decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key,
                       const at::Tensor& value, at::Tensor& kv_cache,
                       const at::Tensor& slot_mapping, const at::Tensor& block_table,

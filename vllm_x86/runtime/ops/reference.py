@@ -231,10 +231,11 @@ def decode_attention(
     scale: float,
     layout: int,
 ) -> None:
-    """vLLM CPU's decode step of attention, one query token per sequence: sequence s's
-    key and value rows go to slot slot_mapping[s] of the paged cache (as
-    cpu_attn_reshape_and_cache), then each query head attends, causally, to the
-    sequence's seq_lens[s] cached tokens (blocks block_table[s]): softmax(scale q K^T) V
+    """vLLM CPU's decode step of attention, one query token per row: row s's key and
+    value go to slot slot_mapping[s] of the paged cache (as cpu_attn_reshape_and_cache),
+    then each query head attends, causally, to the row's seq_lens[s] cached tokens
+    (blocks block_table[s]), rows in order (rows of one sequence, a speculative step's,
+    read the keys and values of the rows before them): softmax(scale q K^T) V
     in float32, rounded once to the output's dtype. Query head h reads KV head
     h // (heads / kv_heads). In vLLM's amx layout (bf16) the probabilities multiply V
     rounded to bf16, before the division by their float32 sum, as vLLM's AMX kernel
