@@ -212,11 +212,13 @@ def test_fused_decode_layer_gives_the_same_tokens(tiny):
 def test_speculative_draft_model_takes_the_fused_decode_call(tiny):
     """A draft model for speculative decoding (vLLM loads it inside its runner's
     load_model) gets the op table's module rows as the model it drafts for: the log says
-    so for the draft's 4 layers too, and its one-token draft steps run decode_stack (the
-    target's verification steps of 3 tokens a request do not: without the draft's rows no
-    step would). The greedy tokens are those of the same engine without speculation (the
-    tiny model drafts for itself; one request, so the verification's 3 rows keep 16-bit
-    activations like a decode step)."""
+    so for the draft's 4 layers too, and its one-token draft steps run decode_stack. The
+    target's verification steps of 3 tokens a request and the draft's first step of each
+    round (4 tokens) run it too (VLLM_X86_FUSED_VERIFICATION): each row attends as a decode step of
+    its own, reading the keys and values the rows before it wrote in the same call; with
+    the setting 0 only the draft's one-token steps do. The greedy tokens are those of the
+    same engine without speculation, either way (the tiny model drafts for itself; one
+    request, so the verification's 3 rows keep 16-bit activations like a decode step)."""
     spec = {
         "speculative_config": {
             "method": "draft_model",
@@ -225,18 +227,27 @@ def test_speculative_draft_model_takes_the_fused_decode_call(tiny):
             "quantization": Q4,
         }
     }
+    no_verify = {**ON, "VLLM_X86_FUSED_VERIFICATION": "0"}
     r = run_engines(
-        [("spec", tiny, ON, True, Q4, "bfloat16", spec), ("plain", tiny, ON, True, Q4)],
+        [("spec", tiny, ON, True, Q4, "bfloat16", spec),
+         ("spec-rows-own-code", tiny, no_verify, True, Q4, "bfloat16", spec),
+         ("plain", tiny, ON, True, Q4)],
         prompts=PROMPTS,
-    )
+    )  # fmt: skip
     log = r["spec"]["log"]
     assert "vllm-x86: the speculative draft model (LlamaForCausalLM):" in log, log[-3000:]
     draft_part = log[log.index("the speculative draft model") :]
     assert "4 LlamaDecoderLayer modules use the fused kernel" in draft_part
     assert "4 Attention use the plugin's code" in draft_part
-    assert r["spec"]["calls"].get("decode_stack", 0) > 0, r["spec"]["calls"]
-    assert [len(t) for t in r["spec"]["token_ids"]] == [NEW_TOKENS]
-    assert r["spec"]["token_ids"] == r["plain"]["token_ids"]
+    assert "speculative steps of up to 4 tokens per sequence take the fused decode call" in log
+    fused, own = (r[k]["calls"].get("decode_stack", 0) for k in ("spec", "spec-rows-own-code"))
+    assert own > 0, r["spec-rows-own-code"]["calls"]
+    # every round of 3 tokens adds its verification and the draft's first step (the
+    # accepted tokens and the next) to the fused calls
+    assert fused >= own + 2 * (NEW_TOKENS // 3 - 1), (fused, own)
+    for key in ("spec", "spec-rows-own-code"):
+        assert [len(t) for t in r[key]["token_ids"]] == [NEW_TOKENS]
+        assert r[key]["token_ids"] == r["plain"]["token_ids"], key
 
 
 def test_fused_decode_layer_qwen3_and_mistral(default_model, tmp_path):

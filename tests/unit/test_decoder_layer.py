@@ -210,3 +210,59 @@ def test_decode_stack_equals_its_layers_one_by_one(layout, f32res, m):
         torch.ops.vllm_x86.decode_stack(
             hidden, positions, layers[0][0], ints[0], floats[0], caches, slots, table, lens
         )
+
+
+def test_a_step_of_several_tokens_per_sequence_is_a_decode_step_per_token():
+    """With speculative decoding a step brings a few tokens per sequence (a verification):
+    the fused call takes it where allowed (_decode_rows), each row with its sequence's
+    block-table row and its position + 1 tokens (_row_metadata). Its outputs and KV
+    caches equal the ops one by one from Python on the same rows, and, within the
+    GEMMs' row-count rounding, decoding the same tokens one step at a time."""
+    from types import SimpleNamespace
+
+    from vllm_x86.runtime.ops import decoder_layer as dl
+
+    layers = [_layer(4, 32, False, seed=0), _layer(8, 0, True, seed=1)]
+    ints = [x for _, i in layers for x in i + [0, 1]]
+    floats = [1e-5, 1e-6, HD**-0.5, 1e-6] * len(layers)
+    weights = [w for ws, _ in layers for w in ws]
+    gen = torch.Generator().manual_seed(3)
+    table = torch.randperm(16, generator=gen)[:8].view(2, 4).to(torch.int32)
+    # sequence 0: 20 tokens cached, 2 new (positions 20, 21); sequence 1: 9 cached, 1 new
+    positions = torch.tensor([20, 21, 9])
+    md = SimpleNamespace(
+        num_actual_tokens=3, max_query_len=2, query_start_loc=torch.tensor([0, 2, 3], dtype=torch.int32),
+        seq_lens=torch.tensor([22, 10], dtype=torch.int32), block_table=table, causal=True,
+        dynamic_causal=None,
+    )  # fmt: skip
+    assert not dl._decode_rows(md, 3)  # without speculation: the layers' own code
+    dl.allow_rows_per_sequence(3)
+    try:
+        assert dl._decode_rows(md, 3) and not dl._decode_rows(md, 4)
+        rows_table, rows_lens = dl._row_metadata(md, positions)
+    finally:
+        dl.allow_rows_per_sequence(1)
+    assert rows_lens.tolist() == [21, 22, 10] and rows_lens.dtype == torch.int32
+    assert torch.equal(rows_table, table[[0, 0, 1]])
+    slots = torch.tensor(
+        [int(rows_table[r, p // BS]) * BS + p % BS for r, p in enumerate(positions.tolist())]
+    )
+    hidden = torch.randn(3, H, generator=gen).to(torch.bfloat16)
+    cache = torch.randn(16, NK, BS, 2 * HD, generator=gen).to(torch.bfloat16)
+    caches, py_caches, one_caches = ([cache.clone() for _ in layers] for _ in range(3))
+    out, res = torch.ops.vllm_x86.decode_stack(
+        hidden, positions, weights, ints, floats, caches, slots, rows_table, rows_lens
+    )
+    h, r = reference_decode_stack(
+        hidden, positions, weights, ints, floats, py_caches, slots, rows_table, rows_lens
+    )
+    assert torch.equal(out, h) and torch.equal(res, r)
+    assert all(torch.equal(a, b) for a, b in zip(caches, py_caches))
+    for i in range(3):  # the same tokens, one decode step each, in order
+        o, _ = torch.ops.vllm_x86.decode_stack(
+            hidden[i : i + 1], positions[i : i + 1], weights, ints, floats, one_caches,
+            slots[i : i + 1], rows_table[i : i + 1], rows_lens[i : i + 1],
+        )  # fmt: skip
+        torch.testing.assert_close(out[i : i + 1].float(), o.float(), atol=0.05, rtol=0.02)
+    for a, b in zip(caches, one_caches):
+        torch.testing.assert_close(a.float(), b.float(), atol=0.05, rtol=0.02)

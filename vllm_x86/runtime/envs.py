@@ -101,6 +101,15 @@ SETTINGS: tuple[Setting, ...] = (
         "layer's own code (compiled where the model is). 0: the layer's own code always.",
     ),
     Setting(
+        "VLLM_X86_FUSED_VERIFICATION",
+        "1",
+        "1: with speculative decoding, steps of up to k + 2 new tokens per sequence (the "
+        "verification of k drafted tokens, a draft model's first step of a round) take the "
+        "fused decode call too, each token attending as a decode step of its own, where "
+        "VLLM_X86_FUSED_DECODE_LAYER takes the layers. 0: such steps run the layers' own "
+        "code, as prefill does.",
+    ),
+    Setting(
         "VLLM_X86_QUANT_GROUP_SIZE",
         "128",
         "x86_int4 quantizing a bf16 checkpoint while it loads: input channels per scale "

@@ -115,6 +115,7 @@ class X86Worker(CPUWorker):
         from vllm.config import set_current_vllm_config
 
         draft = _draft_model(self.model_runner)
+        _fused_verification(self.vllm_config)
         with set_current_vllm_config(self.vllm_config):
             registry.apply_module_overrides(self.model_runner.get_model())
             if draft is not None:
@@ -226,6 +227,27 @@ class X86Worker(CPUWorker):
             mem.source,
         )
         return kv
+
+
+def _fused_verification(vllm_config) -> None:
+    """With speculative decoding, let steps of up to k + 2 tokens per sequence take the
+    fused decode call (ops/decoder_layer.py; VLLM_X86_FUSED_VERIFICATION=0: not): the
+    target's verification of k drafted tokens has k + 1, and a draft model's first step
+    of each round up to k + 2 (the tokens the target accepted and the one it added)."""
+    from vllm_x86.runtime import envs
+    from vllm_x86.runtime.ops import decoder_layer
+
+    spec = vllm_config.speculative_config
+    k = getattr(spec, "num_speculative_tokens", None) if spec is not None else None
+    if not k or not envs.get_bool("VLLM_X86_FUSED_VERIFICATION"):
+        decoder_layer.allow_rows_per_sequence(1)
+        return
+    decoder_layer.allow_rows_per_sequence(k + 2)
+    logger.info(
+        "vllm-x86: speculative steps of up to %d tokens per sequence take the fused decode "
+        "call where the layers do (VLLM_X86_FUSED_VERIFICATION=0: the layers' own code)",
+        k + 2,
+    )
 
 
 def _draft_model(model_runner):

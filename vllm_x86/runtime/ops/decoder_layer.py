@@ -9,7 +9,8 @@ its Python wrapper. For SmolLM2 that Python was about a quarter of a compiled st
 The op table's rows for vLLM's ``LlamaDecoderLayer``, ``Qwen2DecoderLayer``,
 ``Qwen3DecoderLayer`` and ``MistralDecoderLayer`` switch the layers ``fusable`` accepts
 to ``X86DecoderLayerMixin``. Its forward, for a decode step
-(one new token per sequence, little enough attention work) of a layer whose four linear
+(one new token per sequence, little enough attention work; with speculative decoding,
+also a step of a few tokens per sequence, below) of a layer whose four linear
 layers run the plugin's INT8 or INT4 kernels, calls one C++ op,
 ``torch.ops.vllm_x86.decode_layer`` (csrc/ops.cpp), which makes the same kernel calls
 that the plugin's eager path makes for the layer, with the same arguments, in the same
@@ -35,6 +36,14 @@ forward context says ``skip_compiled``: the graph's Python wrapper makes the sam
 kernel calls per layer, fewer where Inductor fused elementwise ops. Other steps
 (prefill, mixed batches, a context long enough that vLLM's attention kernels are the
 faster ones, padding rows) run the stack's own code, compiled where the model is.
+
+With speculative decoding the worker lets steps of up to k + 2 tokens per sequence take
+the call too (``allow_rows_per_sequence``; ``VLLM_X86_FUSED_VERIFICATION``): the
+target's verification of k drafted tokens and a draft model's first step of each round.
+Each row then attends as a decode step of its own: its sequence's block-table row and
+its position + 1 tokens (``_row_metadata``), the C++ attention writing every row's key
+and value before a later row reads them. Without it those steps ran each layer's
+per-op code with vLLM's attention (docs/speculative.md has the A/B).
 
 Layers it does not take (bf16 weights, tensor or pipeline parallelism, q/k norms other
 than Qwen3's, Mistral's adaptive norm or Llama 4 attention scaling, another activation or
@@ -207,17 +216,50 @@ def _args(layer, hidden: torch.Tensor):
     return None if isinstance(got, str) else got
 
 
+# Rows a step may have per sequence and still take the fused call: 1 (decode steps), or
+# with speculative decoding k + 2 (a verification's k drafts and the token before them; a
+# draft model's first step of a round), where the worker allows it
+# (allow_rows_per_sequence).
+_rows_per_sequence = 1
+
+
+def allow_rows_per_sequence(rows: int) -> None:
+    """Let steps of up to `rows` new tokens per sequence take the fused call (the worker
+    sets k + 2 for a speculative model and its draft, VLLM_X86_FUSED_VERIFICATION)."""
+    global _rows_per_sequence
+    _rows_per_sequence = max(1, int(rows))
+
+
 def _decode_rows(md, rows: int) -> bool:
     """Whether a step with this attention metadata and `rows` input rows is one the fused
-    call takes: a causal decode step, one new token per sequence, no padding rows."""
+    call takes: a causal step with no padding rows, one new token per sequence (a decode
+    step) or, where allowed, a few (a speculative step's verification)."""
     n = md.num_actual_tokens
-    return (
-        md.max_query_len == 1
-        and md.seq_lens.shape[0] == n
-        and rows == n
-        and md.causal
-        and md.dynamic_causal is None
-    )
+    if rows != n or not md.causal or md.dynamic_causal is not None:
+        return False
+    if md.max_query_len == 1:
+        return md.seq_lens.shape[0] == n
+    return md.max_query_len <= _rows_per_sequence
+
+
+def _row_metadata(md, positions: torch.Tensor):
+    """(block table, sequence lengths) with a row per input row, as the fused call reads
+    them. A decode step's are vLLM's. In a step of several tokens per sequence each row is
+    a decode step of its own: its sequence's block-table row, and its position + 1 tokens
+    (its own key and value the last: the C++ attention writes every row's before a later
+    row reads it). Built once per step and kept on the metadata."""
+    if md.max_query_len == 1:
+        return md.block_table, md.seq_lens
+    got = getattr(md, "_x86_rows", None)
+    if got is None:
+        qsl = md.query_start_loc
+        reqs = qsl.shape[0] - 1
+        per_seq = (qsl[1:] - qsl[:-1]).long()
+        table = md.block_table[:reqs].repeat_interleave(per_seq, dim=0)
+        lens = (positions[: md.num_actual_tokens] + 1).to(torch.int32)
+        got = (table, lens)
+        md._x86_rows = got
+    return got
 
 
 def _small_attention(md, attn, limit: int) -> bool:
@@ -249,9 +291,10 @@ def fused_step(layer, positions: torch.Tensor, hidden: torch.Tensor, residual):
     weights, ints, floats, max_work = args
     if not _small_attention(md, attn, max_work):
         return None
+    pos = positions.flatten().long()
+    table, lens = _row_metadata(md, pos)
     return torch.ops.vllm_x86.decode_layer.default(
-        hidden, residual, positions.flatten().long(), weights, ints, floats,
-        attn.kv_cache, slot_mapping, md.block_table, md.seq_lens,
+        hidden, residual, pos, weights, ints, floats, attn.kv_cache, slot_mapping, table, lens,
     )  # fmt: skip
 
 
@@ -360,7 +403,7 @@ def _decode_step(model, positions):
     uniform = True
     for name, *_ in stack:
         other, its = mds.get(name), slots.get(name)
-        if other is not md and (other is None or other.max_query_len != 1):
+        if other is not md and (other is None or not _decode_rows(other, positions.shape[0])):
             return None
         if its is None:
             return None
@@ -377,19 +420,19 @@ def _fused_forward(model, input_ids, positions, inputs_embeds, stack, mds, slots
     pos = positions if positions.dtype == torch.long else positions.long()
     if uniform:
         name = stack[0][0]
-        md = mds[name]
+        table, lens = _row_metadata(mds[name], pos)
         hidden, residual = torch.ops.vllm_x86.decode_stack.default(
             hidden, pos, *model.__dict__["_x86_fused_flat"],
-            [attn.kv_cache for _, attn, *_ in stack], slots[name], md.block_table, md.seq_lens,
+            [attn.kv_cache for _, attn, *_ in stack], slots[name], table, lens,
         )  # fmt: skip
     else:
         residual = None
         op = torch.ops.vllm_x86.decode_layer.default
         for name, attn, weights, ints, floats in stack:
-            md = mds[name]
+            table, lens = _row_metadata(mds[name], pos)
             hidden, residual = op(
                 hidden, residual, pos, weights, ints, floats, attn.kv_cache, slots[name],
-                md.block_table, md.seq_lens,
+                table, lens,
             )  # fmt: skip
     hidden, _ = model.norm(hidden, residual)
     return hidden
