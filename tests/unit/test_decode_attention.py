@@ -177,16 +177,21 @@ def test_a_padded_slot_writes_nothing(isa):
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("attn_isa", ["vec", "amx"])
 @pytest.mark.parametrize("history", [3, 300], ids=["one-thread", "threads"])
-def test_rows_of_one_sequence_read_the_rows_before_them(isa, history):
+def test_rows_of_one_sequence_read_the_rows_before_them(isa, history, attn_isa):
     """A speculative step's verification: several rows of one sequence, each with its own
     length and a copy of the sequence's block-table row, beside a one-row sequence. Each
     row attends to the keys and values of the rows before it, written in the same call:
     with 300 tokens of history the call is split across threads, so a row on the second
     thread must not read the slots of rows the first has not reached. The new rows' slots
-    hold a stale value of 100 until written."""
+    hold a stale value of 100 until written. Both KV cache layouts (the amx one on the
+    AVX-512 kernels)."""
+    layout = LAYOUT[attn_isa]
+    if layout == 1 and isa == "avx2":
+        pytest.skip("the amx KV cache layout needs the AVX-512 kernels (refused on AVX2)")
     dtype, hd, bs, kvh, g = torch.bfloat16, 64, 32, 2, 4
-    cache, table, _, _, _, _, _ = _step("vec", dtype, hd, bs, kvh, g, [history + 5, 40])
+    cache, table, _, _, _, _, _ = _step(attn_isa, dtype, hd, bs, kvh, g, [history + 5, 40])
     rows = 4  # the verified token and 3 drafts
     lens = [history + 1 + i for i in range(rows)] + [40]
     seq_of_row = [0] * rows + [1]
@@ -195,7 +200,7 @@ def test_rows_of_one_sequence_read_the_rows_before_them(isa, history):
         [int(row_table[r, (L - 1) // bs]) * bs + (L - 1) % bs for r, L in enumerate(lens)],
         dtype=torch.int64,
     )
-    koff, voff = reference.kv_cache_offsets(0, bs, hd)
+    koff, voff = reference.kv_cache_offsets(layout, bs, hd)
     flat = cache.view(cache.shape[0], kvh, -1)
     for s in slot.tolist():
         flat[s // bs, :, koff[s % bs]] = 100.0
@@ -207,9 +212,9 @@ def test_rows_of_one_sequence_read_the_rows_before_them(isa, history):
     ours_cache, ref_cache = cache.clone(), cache.clone()
     ours, ref = torch.full_like(q, float("nan")), torch.empty_like(q)
     torch.ops.vllm_x86.decode_attention(
-        ours, q, k, v, ours_cache, slot, row_table, seq_lens, hd**-0.5, 0
+        ours, q, k, v, ours_cache, slot, row_table, seq_lens, hd**-0.5, layout
     )
-    reference.decode_attention(ref, q, k, v, ref_cache, slot, row_table, seq_lens, hd**-0.5, 0)
+    reference.decode_attention(ref, q, k, v, ref_cache, slot, row_table, seq_lens, hd**-0.5, layout)
     assert torch.equal(ours_cache, ref_cache)
     torch.testing.assert_close(ours.float(), ref.float(), atol=ATOL[dtype], rtol=0)
 
