@@ -487,12 +487,19 @@ void decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor
   const float sc = static_cast<float>(scale);
   const bool serial = items == 1 || work < kDecodeAttentionSerialWork;
   // Rows may share a sequence (the tokens of a speculative step's verification, each
-  // with its own length and a copy of its sequence's block-table row): a row reads the
-  // keys and values that the rows before it write. On one thread the rows run in order;
-  // across threads, every row's key and value are written first (as the kernel writes
-  // them) and the kernel is given no slots.
+  // with its own length and a copy of its sequence's block-table row; one after another):
+  // a row reads the keys and values that the rows before it write. On one thread the
+  // rows run in order; across threads, every row's key and value are written first (as
+  // the kernel writes them) and the kernel is given no slots. Rows of distinct sequences
+  // (a decode batch) keep their writes in the parallel region; two that merely look
+  // alike (a first block shared through the prefix cache, consecutive lengths) only
+  // take the first way.
+  bool shared = false;
+  const int64_t bt_s = block_table.stride(0);
+  for (int64_t i = 1; i < n && !shared; ++i)
+    shared = bt[i * bt_s] == bt[(i - 1) * bt_s] && lens[i] == lens[i - 1] + 1;
   std::vector<int64_t> no_slots;
-  if (!serial && n > 1) {
+  if (!serial && shared) {
     write_kv_rows(kv_cache, key, value, slots, n, layout);
     no_slots.assign(n, -1);
     slots = no_slots.data();
