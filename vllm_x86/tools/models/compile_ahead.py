@@ -29,7 +29,6 @@ second waits and then loads what the first compiled.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -201,12 +200,10 @@ def _compile_lock(model: str, model_dir: Path):
     except OSError:
         yield
         return
+    from vllm_x86.tools.models.pull import lock_or_wait
+
     with f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _say(f"another process is compiling {model}; waiting for it to finish")
-            fcntl.flock(f, fcntl.LOCK_EX)
+        lock_or_wait(f, f"another process is compiling {model}; waiting for it to finish", _say)
         yield
 
 

@@ -316,9 +316,7 @@ def pull(name: str | None = None, force: bool = False) -> Path:
     # One pull of a model at a time (two servers started at once, or test workers): the
     # second waits, then finds the model in the cache.
     with lock:
-        if not _try_lock(lock):
-            _say(f"another process is pulling {model.name}; waiting for it")
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock_or_wait(lock, f"another process is pulling {model.name}; waiting for it", _say)
         if (final / MARKER).is_file() and not force:
             _say(f"{model.name} is already in the cache: {final}")
             return final
@@ -387,6 +385,15 @@ def _try_lock(f) -> bool:
         return True
     except BlockingIOError:
         return False
+
+
+def lock_or_wait(f, waiting: str, say) -> None:
+    """An exclusive flock on the open file `f`; where another process holds it, `say`
+    `waiting` first, then wait for it (pulls of a model, compiles of a model directory:
+    tools/models/compile_ahead.py)."""
+    if not _try_lock(f):
+        say(waiting)
+        fcntl.flock(f, fcntl.LOCK_EX)
 
 
 def _pull_locked(model: CatalogModel, final: Path) -> Path:
