@@ -34,6 +34,15 @@ def _kernel_isas() -> list[str]:
 KERNEL_ISAS = _kernel_isas()
 
 
+def last_slots(table: torch.Tensor, lens, bs: int) -> torch.Tensor:
+    """The paged KV cache slot (int64) of the last token of each row: row r has lens[r]
+    tokens in the blocks of table[r], bs tokens a block."""
+    return torch.tensor(
+        [int(table[r, (n - 1) // bs]) * bs + (n - 1) % bs for r, n in enumerate(lens)],
+        dtype=torch.int64,
+    )
+
+
 @pytest.fixture(params=KERNEL_ISAS)
 def isa(request):
     """Each kernel ISA this CPU can run in turn (a lower one than the best is how each

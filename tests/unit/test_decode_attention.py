@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.unit.conftest import AMX, KERNEL_ISAS
+from tests.unit.conftest import AMX, KERNEL_ISAS, last_slots
 from vllm_x86.runtime.ops import kernels, reference
 
 pytestmark = pytest.mark.skipif(
@@ -75,10 +75,7 @@ def _step(attn_isa, dtype, hd, bs, kvh, g, lens, seed=0):
                 k, v, kc, vc, slots, attn_isa, k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto"
             )
     seq_lens = torch.tensor(lens, dtype=torch.int32)
-    slot = torch.tensor(
-        [int(table[s, (L - 1) // bs]) * bs + (L - 1) % bs for s, L in enumerate(lens)],
-        dtype=torch.int64,
-    )
+    slot = last_slots(table, lens, bs)
     qkv = torch.randn(n, (heads + 2 * kvh) * hd, generator=gen).to(dtype)
     # q, k, v as vLLM hands them over: views into the QKV projection's rows
     q, k, v = qkv.split([heads * hd, kvh * hd, kvh * hd], dim=1)
@@ -196,10 +193,7 @@ def test_rows_of_one_sequence_read_the_rows_before_them(isa, history, attn_isa):
     lens = [history + 1 + i for i in range(rows)] + [40]
     seq_of_row = [0] * rows + [1]
     row_table = table[seq_of_row].contiguous()
-    slot = torch.tensor(
-        [int(row_table[r, (L - 1) // bs]) * bs + (L - 1) % bs for r, L in enumerate(lens)],
-        dtype=torch.int64,
-    )
+    slot = last_slots(row_table, lens, bs)
     koff, voff = reference.kv_cache_offsets(layout, bs, hd)
     flat = cache.view(cache.shape[0], kvh, -1)
     for s in slot.tolist():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.unit.conftest import last_slots
 from vllm_x86.runtime.ops import kernels
 from vllm_x86.runtime.ops.decoder_layer import reference_decode_layer, reference_decode_stack
 from vllm_x86.runtime.quant.methods import quant_isa, quantize_pack
@@ -61,10 +62,7 @@ def _step(m, f32res, first, seed=1):
     lens = torch.tensor([5, 40, 17][:m], dtype=torch.int32)
     blocks = 16
     table = torch.randperm(blocks, generator=gen)[: m * 4].view(m, 4).to(torch.int32)
-    slots = torch.tensor(
-        [int(table[s, (L - 1) // BS]) * BS + (L - 1) % BS for s, L in enumerate(lens.tolist())],
-        dtype=torch.int64,
-    )
+    slots = last_slots(table, lens.tolist(), BS)
     cache = torch.randn(blocks, NK, BS, 2 * HD, generator=gen).to(torch.bfloat16)
     positions = (lens - 1).long()
     return hidden, residual, positions, cache, slots, table, lens
@@ -244,9 +242,7 @@ def test_a_step_of_several_tokens_per_sequence_is_a_decode_step_per_token():
         dl.allow_rows_per_sequence(1)
     assert rows_lens.tolist() == [21, 22, 10] and rows_lens.dtype == torch.int32
     assert torch.equal(rows_table, table[[0, 0, 1]])
-    slots = torch.tensor(
-        [int(rows_table[r, p // BS]) * BS + p % BS for r, p in enumerate(positions.tolist())]
-    )
+    slots = last_slots(rows_table, rows_lens.tolist(), BS)  # each row's own position
     hidden = torch.randn(3, H, generator=gen).to(torch.bfloat16)
     cache = torch.randn(16, NK, BS, 2 * HD, generator=gen).to(torch.bfloat16)
     caches, py_caches, one_caches = ([cache.clone() for _ in layers] for _ in range(3))

@@ -56,9 +56,9 @@ struct KernelTable {
                                     const void* w, int64_t hidden, float eps,
                                     int64_t r_begin, int64_t r_end);
   // Decode attention of vLLM CPU's paged KV cache, one query token per row, for
-  // items [i_begin, i_end) (item = sequence * kvh + KV head): writes the token's key and
-  // value into their slot, then out = softmax(scale * q K^T) V in float32 for the G
-  // query heads of the KV head. layout: 0 vLLM's "vec"/"vec16", 1 its "amx" (bfloat16,
+  // items [i_begin, i_end) (item = row * kvh + KV head): writes the token's key and
+  // value into their slot (none for a negative slot), then out = softmax(scale * q K^T) V
+  // in float32 for the G query heads of the KV head. layout: 0 vLLM's "vec"/"vec16", 1 its "amx" (bfloat16,
   // AVX-512 tables only). scratch: G * (hd + max seq_len) floats per calling thread.
   void (*decode_attention)(int dt, int layout, const void* q, int64_t qs, const void* k,
                            int64_t ks, const void* v, int64_t vs, void* cache,

@@ -507,7 +507,7 @@ void decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor
   auto run = [&](int64_t b, int64_t e) {
     k.decode_attention(dt, static_cast<int>(layout), q, query.stride(0), kp, key.stride(0), vp,
                        value.stride(0), cache, kvh * 2 * bs * hd, static_cast<int>(kvh), bs, hd,
-                       G, slots, bt, block_table.stride(0), lens, sc, o, out.stride(0), b, e,
+                       G, slots, bt, bt_s, lens, sc, o, out.stride(0), b, e,
                        scratch_for(scratch));
   };
   if (serial)
